@@ -1,0 +1,15 @@
+FROM python:3.11-slim
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY monitor monitor
+COPY probes probes
+COPY simulator simulator
+RUN pip install .
+COPY . .
+RUN SECRET_KEY=build FIELD_ENCRYPTION_KEYS=$(python -c "from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())") \
+    DATABASE_URL=postgresql://build@localhost/build REDIS_URL=redis://localhost:6379/0 \
+    python manage.py collectstatic --noinput
+RUN useradd --create-home routewatch
+USER routewatch
+EXPOSE 8000

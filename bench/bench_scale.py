@@ -1,0 +1,409 @@
+"""Scale benchmark: a year of probes (50 routes x 3 regions every 5 minutes = 15.8M rows).
+
+    make bench-scale                 # loads once into database routewatch_bench, then measures
+    make bench-scale ARGS=--reload   # drops and reloads the data set
+
+Measures, in the same run, the reads the pages need from the rollups against naive
+percentile_cont over raw rows (ratio = naive / rollup), and ingest throughput through the real
+ingest path (rows + slots + rollups) against Django's bulk_create of the same rows (no slots, no rollups).
+Targets: each read <= 50 ms and >= 30x faster than naive; ingest >= 5,000 results/s.
+
+The year of raw rows is generated inside PostgreSQL (generate_series) and its rollups are built
+with SQL that buckets exactly like monitor.hist (checked on a sample before measuring).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+BENCH_DB = "routewatch_bench"
+ROUTES = 50
+REGIONS = 3
+TASKS = 5  # 10 routes each
+INTERVAL = timedelta(minutes=5)
+DAYS = 365
+
+
+def _bench_url(url: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{BENCH_DB}"))
+
+
+def _ensure_database(admin_url: str, *, drop: bool) -> None:
+    import psycopg
+
+    parts = urlsplit(admin_url)
+    maintenance = urlunsplit(parts._replace(path="/postgres"))
+    import dj_database_url
+
+    cfg = dj_database_url.parse(maintenance)
+    with psycopg.connect(
+        dbname="postgres",
+        user=cfg["USER"] or None,
+        password=cfg["PASSWORD"] or None,
+        host=cfg["HOST"] or None,
+        port=cfg["PORT"] or None,
+        autocommit=True,
+    ) as conn:
+        if drop:
+            conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [BENCH_DB]).fetchone()
+        if not exists:
+            conn.execute(f"CREATE DATABASE {BENCH_DB}")
+
+
+def _timeit(fn: Callable[[], object], repeat: int) -> list[float]:
+    fn()  # warm the cache once: pages are read repeatedly
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1000)
+    return times
+
+
+def _p(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+HIST_SQL = """
+CREATE OR REPLACE FUNCTION rw_bench_hist(vals float8[], low float8, size int) RETURNS int[]
+LANGUAGE sql IMMUTABLE AS $$
+  SELECT coalesce(array_agg(CASE WHEN half = 0 THEN b ELSE c END ORDER BY b, half), '{}')
+  FROM (
+    SELECT b, count(*)::int AS c FROM (
+      SELECT least(size - 1, CASE WHEN v <= low THEN 0
+                                  ELSE floor(ln(v / low) / ln(1.05))::int + 1 END) AS b
+      FROM unnest(vals) AS v WHERE v IS NOT NULL
+    ) AS x GROUP BY b
+  ) AS y CROSS JOIN (VALUES (0), (1)) AS h(half)
+$$;
+"""
+
+
+def load(now: datetime, days: int) -> None:
+    from django.db import connection, transaction
+
+    from monitor import hist
+    from monitor.models import ProbeResult, Provider, Region, Rollup, Route, Task
+
+    print("loading: configuration", flush=True)
+    with transaction.atomic():
+        ProbeResult.objects.all().delete()
+        Rollup.objects.all().delete()
+        Task.objects.all().delete()
+        Route.objects.all().delete()
+        Provider.objects.all().delete()
+        Region.objects.all().delete()
+        regions = [Region.objects.create(name=f"R{i}", slug=f"r{i}") for i in range(REGIONS)]
+        routes = []
+        for p in range(ROUTES // 5):
+            provider = Provider.objects.create(
+                name=f"P{p}", slug=f"p{p}", base_url=f"https://p{p}.example/v1"
+            )
+            for m in range(5):
+                routes.append(Route.objects.create(provider=provider, model_id=f"m{m}"))
+        tasks = []
+        for t in range(TASKS):
+            task = Task.objects.create(
+                name=f"T{t}",
+                slug=f"t{t}",
+                user_template="x",
+                probe_interval_s=300,
+                min_pass_rate=0.5,
+                ttft_p95_budget_ms=2000,
+                e2e_p95_budget_ms=8000,
+            )
+            task.routes.set(routes[t * 10 : (t + 1) * 10])
+            task.regions.set(regions)
+            tasks.append(task)
+    start = now - timedelta(days=days)
+    print(f"loading: {ROUTES * REGIONS * days * 288:,} raw rows", flush=True)
+    t0 = time.perf_counter()
+    with connection.cursor() as cursor:
+        for task in tasks:
+            for route in task.routes.all():
+                # Each route has its own speed; ~1% errors; quality passes 90% of graded probes.
+                cursor.execute(
+                    """
+                    INSERT INTO monitor_proberesult (
+                      task_id, route_id, region_id, slot_at, started_at, http2, body_encoding,
+                      cold, prefix_mode, ttft_ms, ttfb_ms, e2e_ms, tps, output_tokens,
+                      input_tokens, token_source, outcome, error_kind, error_detail, text,
+                      http_version, quality_pass, cost_usd)
+                    SELECT %(task)s, %(route)s, g.id, g.ts, g.ts, false, 'json', false, 'stable',
+                      CASE WHEN r < 0.99 THEN %(ttft)s * exp(0.3 * (r2 - 0.5)) END,
+                      CASE WHEN r < 0.99 THEN %(ttft)s * 0.3 END,
+                      CASE WHEN r < 0.99 THEN %(ttft)s + 200000.0 / (%(tps)s * exp(0.2 * (r3 - 0.5))) END,
+                      CASE WHEN r < 0.99 THEN %(tps)s * exp(0.2 * (r3 - 0.5)) END,
+                      200, 1000, 'usage',
+                      CASE WHEN r < 0.99 THEN 'ok' ELSE 'error' END,
+                      CASE WHEN r < 0.99 THEN '' ELSE 'http_5xx' END, '', '', 'HTTP/1.1',
+                      r2 < 0.9, 0.0014
+                    FROM (
+                      SELECT g.id, ts, random() AS r, random() AS r2, random() AS r3
+                      FROM monitor_region AS g
+                      CROSS JOIN generate_series(%(start)s::timestamptz, %(end)s::timestamptz,
+                                                 interval '5 minutes') AS ts
+                    ) AS g
+                    """,
+                    {
+                        "task": task.pk,
+                        "route": route.pk,
+                        "ttft": 200 + 40 * (route.pk % 25),
+                        "tps": 40 + 30 * (route.pk % 30),
+                        "start": start,
+                        "end": now,
+                    },
+                )
+        print(
+            f"loading: raw rows in {time.perf_counter() - t0:.0f} s; building rollups", flush=True
+        )
+        t0 = time.perf_counter()
+        cursor.execute(HIST_SQL)
+        for grain, trunc in (("hour", "hour"), ("day", "day")):
+            cursor.execute(
+                f"""
+                INSERT INTO monitor_rollup (grain, bucket_start, task_id, route_id, region_id,
+                  count_ok, count_error, count_missed, error_kinds, graded, passed,
+                  cache_reported, cache_hits, input_tokens, output_tokens, cached_tokens,
+                  cost_usd, ttft_hist, e2e_hist, tps_hist, last_probe_at)
+                SELECT '{grain}', date_trunc('{trunc}', started_at), task_id, route_id, region_id,
+                  count(*) FILTER (WHERE outcome = 'ok'),
+                  count(*) FILTER (WHERE outcome = 'error'),
+                  count(*) FILTER (WHERE outcome = 'missed'),
+                  CASE WHEN count(*) FILTER (WHERE error_kind = 'http_5xx') > 0
+                       THEN jsonb_build_object('http_5xx', count(*) FILTER (WHERE error_kind = 'http_5xx'))
+                       ELSE '{{}}'::jsonb END,
+                  count(quality_pass), count(*) FILTER (WHERE quality_pass),
+                  0, 0, sum(input_tokens), sum(output_tokens), 0, sum(cost_usd),
+                  rw_bench_hist(array_agg(ttft_ms), {hist.MS.low}, {hist.MS.size}),
+                  rw_bench_hist(array_agg(e2e_ms), {hist.MS.low}, {hist.MS.size}),
+                  rw_bench_hist(array_agg(tps), {hist.TPS.low}, {hist.TPS.size}),
+                  max(started_at)
+                FROM monitor_proberesult
+                GROUP BY GROUPING SETS (
+                  (date_trunc('{trunc}', started_at), task_id, route_id, region_id),
+                  (date_trunc('{trunc}', started_at), task_id, route_id))
+                """
+            )
+        cursor.execute("ANALYZE")
+    print(f"loading: rollups in {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+def check_buckets() -> None:
+    """The SQL bucketing used to build the year's rollups matches monitor.hist exactly."""
+    from django.db import connection
+
+    from monitor import hist
+
+    values = [0.5, 1.0, 1.01, 37.3, 999.9, 1620.0, 75100.0, 3e6]
+    with connection.cursor() as cursor:
+        cursor.execute(HIST_SQL)
+        cursor.execute(
+            "SELECT rw_bench_hist(%s::float8[], %s, %s)", [values, hist.MS.low, hist.MS.size]
+        )
+        sql_hist = cursor.fetchone()[0]
+    assert sql_hist == hist.build(values, hist.MS), "SQL and Python bucketing differ"
+
+
+def measure(now: datetime, repeat: int) -> list[tuple[str, float, float, float]]:
+    from django.db import connection
+
+    from monitor import hist, overview, rollups
+    from monitor.models import GRAIN_DAY, GRAIN_HOUR, Route
+
+    route = Route.objects.order_by("pk")[7]
+    month = now - timedelta(days=30)
+    year = now - timedelta(days=DAYS)
+
+    def series(grain: str, since: datetime) -> list[tuple[datetime, list[float | None]]]:
+        out = []
+        qs = rollups.rows(since=since, until=now, grain=grain, all_regions=True).filter(route=route)
+        for start, ttft, e2e, tps in qs.order_by("bucket_start").values_list(
+            "bucket_start", "ttft_hist", "e2e_hist", "tps_hist"
+        ):
+            figures = hist.percentiles(ttft, (50, 95, 99), hist.MS)
+            figures += hist.percentiles(e2e, (50, 95, 99), hist.MS)
+            figures += hist.percentiles(tps, (50, 95, 99), hist.TPS)
+            out.append((start, figures))
+        return out
+
+    def naive_series(trunc: str, since: datetime) -> list[tuple[object, ...]]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"""
+                SELECT date_trunc('{trunc}', started_at),
+                  percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY ttft_ms),
+                  percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY e2e_ms),
+                  percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY tps)
+                FROM monitor_proberesult
+                WHERE route_id = %s AND started_at >= %s AND started_at < %s AND outcome = 'ok'
+                GROUP BY 1 ORDER BY 1
+                """,
+                [route.pk, since, now],
+            )
+            return list(cursor.fetchall())
+
+    def naive_overview() -> list[tuple[object, ...]]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                SELECT task_id, route_id, region_id,
+                  percentile_cont(ARRAY[0.5, 0.95]) WITHIN GROUP (ORDER BY ttft_ms),
+                  percentile_cont(ARRAY[0.5, 0.95]) WITHIN GROUP (ORDER BY e2e_ms),
+                  percentile_cont(0.5) WITHIN GROUP (ORDER BY tps),
+                  avg(quality_pass::int), max(started_at)
+                FROM monitor_proberesult
+                WHERE started_at >= %s AND outcome = 'ok'
+                GROUP BY 1, 2, 3
+                """,
+                [now - overview.WINDOW],
+            )
+            return list(cursor.fetchall())
+
+    reads: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
+        (
+            "route 30 d hourly p50/p95/p99",
+            lambda: series(GRAIN_HOUR, month),
+            lambda: naive_series("hour", month),
+        ),
+        ("overview, all tasks x regions", lambda: overview.build(now), naive_overview),
+        ("route 1 year daily", lambda: series(GRAIN_DAY, year), lambda: naive_series("day", year)),
+    ]
+    results = []
+    for name, fast, naive in reads:
+        fast_ms = _timeit(fast, repeat)
+        naive_ms = _timeit(naive, max(2, repeat // 10))
+        results.append((name, _p(fast_ms, 0.5), _p(fast_ms, 0.95), statistics.median(naive_ms)))
+    return results
+
+
+def measure_ingest(now: datetime, count: int, batch: int) -> tuple[float, float]:
+    from django.db import connection, transaction
+
+    from monitor import ingest
+    from monitor.models import ProbeResult, Region, Route, Task
+
+    task = Task.objects.get(slug="t0")
+    routes = list(task.routes.order_by("pk"))
+    regions = list(Region.objects.order_by("pk"))
+    base = now + timedelta(days=1)  # future slots: no clash with the loaded year
+
+    def payloads(offset: int) -> list[dict[str, object]]:
+        out = []
+        for i in range(count):
+            at = base + timedelta(seconds=offset + i)
+            out.append(
+                {
+                    "task_id": task.pk,
+                    "route_id": routes[i % len(routes)].pk,
+                    "region_id": regions[i % len(regions)].pk,
+                    "slot_at": at.isoformat(),
+                    "started_at": at.isoformat(),
+                    "ttft_ms": 300.0 + i % 500,
+                    "e2e_ms": 2000.0 + i % 900,
+                    "tps": 100.0 + i % 50,
+                    "outcome": "ok",
+                    "input_tokens": 1000,
+                    "output_tokens": 200,
+                    "quality_pass": i % 10 != 0,
+                    "http_version": "HTTP/1.1",
+                    "text": "42",
+                }
+            )
+        return out
+
+    real = payloads(0)
+    t0 = time.perf_counter()
+    for i in range(0, count, batch):
+        ingest.ingest(real[i : i + batch])
+    real_s = time.perf_counter() - t0
+
+    # Baseline: the same rows through a plain INSERT, no slot update, no rollups.
+    plain = payloads(10 * count)
+    prices = {r.pk: r for r in Route.objects.all()}
+    names = [f.attname for f in ProbeResult._meta.concrete_fields if f.name != "id"]
+    t0 = time.perf_counter()
+    for i in range(0, count, batch):
+        stamp = datetime.now(UTC)
+        rows = [
+            ProbeResult(**dict(zip(names, ingest.row_from_payload(p, prices, stamp), strict=True)))
+            for p in plain[i : i + batch]
+        ]
+        with transaction.atomic():
+            ProbeResult.objects.bulk_create(rows)
+    plain_s = time.perf_counter() - t0
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM monitor_proberesult WHERE started_at > %s", [now])
+        cursor.execute("DELETE FROM monitor_rollup WHERE bucket_start > %s", [now])
+    return count / real_s, count / plain_s
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--reload", action="store_true", help="drop and reload the data set")
+    parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--days", type=int, default=DAYS, help="days of data (365 = the target)")
+    parser.add_argument("--ingest", type=int, default=50_000, help="results for the ingest test")
+    ns = parser.parse_args()
+
+    admin_url = os.environ["DATABASE_URL"]
+    _ensure_database(admin_url, drop=ns.reload)
+    os.environ["DATABASE_URL"] = _bench_url(admin_url)
+    subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "migrate", "--noinput", "-v0"], check=True
+    )
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "monitor.settings")
+    import django
+
+    django.setup()
+    from monitor.models import ProbeResult
+
+    now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+    check_buckets()
+    loaded = ProbeResult.objects.filter(started_at__gt=now - timedelta(days=2)).exists()
+    if ns.reload or not loaded:
+        load(now, ns.days)
+    else:
+        latest = ProbeResult.objects.order_by("-started_at").values_list("started_at", flat=True)[0]
+        now = latest.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+        print(
+            f"using the data set already loaded (up to {latest:%Y-%m-%d %H:%M}); --reload to redo"
+        )
+
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT reltuples::bigint FROM pg_class WHERE relname = 'monitor_proberesult'"
+        )
+        rows = cursor.fetchone()[0]
+    print(f"\nraw rows (estimate): {rows:,}")
+    print(f"{'read':34} {'rollup p50':>11} {'p95':>9} {'naive':>10} {'naive/rollup':>13}")
+    for name, p50, p95, naive in measure(now, ns.repeat):
+        flag = "ok" if p95 <= 50 and naive / p50 >= 30 else "MISSES TARGET"
+        print(f"{name:34} {p50:9.1f}ms {p95:7.1f}ms {naive:8.0f}ms {naive / p50:12.0f}x  {flag}")
+    real, plain = measure_ingest(now, ns.ingest, 500)
+    flag = "ok" if real >= 5000 else "MISSES TARGET"
+    print(
+        f"\ningest through monitor.ingest: {real:,.0f} results/s "
+        f"(bulk_create baseline {plain:,.0f}/s, ratio {real / plain:.2f})  {flag}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,23 @@
+#!/usr/bin/env python
+"""Django's command-line utility. Starts (or reuses) the embedded PostgreSQL and Redis when
+DATABASE_URL / REDIS_URL are unset, so it reaches the same servers as `make run`."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def main() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "monitor.settings")
+    if not os.environ.get("DATABASE_URL") or not os.environ.get("REDIS_URL"):
+        from monitor import embedded
+
+        embedded.ensure()
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(sys.argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,223 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.utils.decorators import method_decorator
+from django.views.decorators.debug import sensitive_post_parameters
+
+from monitor.models import (
+    BODY_ENCODINGS,
+    CONNECTION_MODES,
+    HTTP_VERSIONS,
+    PREFIX_MODES,
+    EvalCase,
+    Heartbeat,
+    ProbeResult,
+    Provider,
+    Region,
+    Route,
+    Task,
+)
+
+
+class ProviderForm(forms.ModelForm):  # type: ignore[type-arg]
+    # Write-only: the widget never renders a value back, and a blank field keeps the stored key.
+    api_key = forms.CharField(
+        label="API key",
+        required=False,
+        strip=True,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        help_text="Write-only: stored encrypted, never shown again. Leave blank to keep the current key.",
+    )
+    clear_api_key = forms.BooleanField(label="Remove the stored API key", required=False)
+
+    class Meta:
+        model = Provider
+        fields = [
+            "name",
+            "slug",
+            "base_url",
+            "wire_format",
+            "api_key",
+            "clear_api_key",
+            "extra_headers",
+            "http2",
+            "body_encoding",
+            "is_simulated",
+            "is_active",
+        ]
+
+    def save(self, commit: bool = True) -> Provider:
+        provider: Provider = super().save(commit=False)
+        if self.cleaned_data.get("clear_api_key"):
+            provider.set_api_key("")
+        elif self.cleaned_data.get("api_key"):
+            provider.set_api_key(self.cleaned_data["api_key"])
+        if commit:
+            provider.save()
+        return provider
+
+
+@admin.register(Provider)
+class ProviderAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    form = ProviderForm
+    list_display = ["name", "slug", "wire_format", "base_url", "key_set", "http2", "is_active"]
+    list_filter = ["wire_format", "http2", "body_encoding", "is_simulated", "is_active"]
+    search_fields = ["name", "slug", "base_url"]
+    prepopulated_fields = {"slug": ["name"]}
+
+    @admin.display(boolean=True, description="API key set")
+    def key_set(self, obj: Provider) -> bool:
+        return obj.has_api_key
+
+    # Keep the typed key out of Django's error reports.
+    @method_decorator(sensitive_post_parameters("api_key"))
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        return super().changeform_view(request, object_id, form_url, extra_context)
+
+
+@admin.register(Route)
+class RouteAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = [
+        "__str__",
+        "provider",
+        "model_id",
+        "price_input_per_mtok",
+        "price_output_per_mtok",
+        "quality_index",
+        "is_active",
+    ]
+    list_filter = ["provider", "is_active"]
+    search_fields = ["model_id", "display_name", "provider__name"]
+    list_select_related = ["provider"]
+
+
+@admin.register(Region)
+class RegionAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ["name", "slug", "queue_name", "is_active"]
+    list_filter = ["is_active"]
+    search_fields = ["name", "slug"]
+    prepopulated_fields = {"slug": ["name"]}
+
+
+class EvalCaseInline(admin.TabularInline):  # type: ignore[type-arg]
+    model = EvalCase
+    extra = 0
+    fields = ["name", "input", "grader", "expected", "tolerance", "json_schema", "is_active"]
+
+
+def _multi(choices: list[tuple[str, str]], label: str) -> forms.TypedMultipleChoiceField:
+    return forms.TypedMultipleChoiceField(
+        choices=choices, widget=forms.CheckboxSelectMultiple, label=label
+    )
+
+
+class TaskForm(forms.ModelForm):  # type: ignore[type-arg]
+    http_versions = _multi(HTTP_VERSIONS, "HTTP versions")
+    body_encodings = _multi(BODY_ENCODINGS, "Body encodings")
+    connection_modes = _multi(CONNECTION_MODES, "Connections")
+    prefix_modes = _multi(PREFIX_MODES, "Prompt prefixes")
+
+    class Meta:
+        model = Task
+        exclude: list[str] = []
+
+
+@admin.register(Task)
+class TaskAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    form = TaskForm
+    inlines = [EvalCaseInline]
+    list_display = [
+        "name",
+        "latency_class",
+        "probe_interval_s",
+        "min_pass_rate",
+        "ttft_p95_budget_ms",
+        "e2e_p95_budget_ms",
+        "route_count",
+        "is_active",
+    ]
+    list_filter = ["latency_class", "is_active", "regions"]
+    search_fields = ["name", "slug", "description"]
+    filter_horizontal = ["routes", "regions"]
+    prepopulated_fields = {"slug": ["name"]}
+    fieldsets = [
+        (None, {"fields": ["name", "slug", "description", "is_active"]}),
+        ("Prompt", {"fields": ["system_prompt", "user_template", "input_tokens", "max_tokens"]}),
+        (
+            "Latency and quality",
+            {
+                "fields": [
+                    "latency_class",
+                    "latency_metric",
+                    "ttft_p95_budget_ms",
+                    "e2e_p95_budget_ms",
+                    "min_pass_rate",
+                    "min_quality_index",
+                ]
+            },
+        ),
+        ("Where and how often", {"fields": ["routes", "regions", "probe_interval_s"]}),
+        (
+            "Probe options",
+            {"fields": ["http_versions", "body_encodings", "connection_modes", "prefix_modes"]},
+        ),
+        ("Spend", {"fields": ["monthly_spend_cap_usd"]}),
+    ]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Task]:
+        return super().get_queryset(request).prefetch_related("routes")
+
+    @admin.display(description="routes")
+    def route_count(self, obj: Task) -> int:
+        return len(obj.routes.all())
+
+
+@admin.register(EvalCase)
+class EvalCaseAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ["name", "task", "grader", "expected", "is_active"]
+    list_filter = ["grader", "task", "is_active"]
+    search_fields = ["name", "input", "expected"]
+    list_select_related = ["task"]
+
+
+@admin.register(ProbeResult)
+class ProbeResultAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = [
+        "started_at",
+        "task",
+        "route",
+        "region",
+        "outcome",
+        "error_kind",
+        "ttft_ms",
+        "tps",
+        "e2e_ms",
+        "http_version",
+    ]
+    list_filter = ["outcome", "error_kind", "region", "http_version", "cold", "body_encoding"]
+    search_fields = ["route__model_id", "route__provider__name", "task__name", "error_detail"]
+    list_select_related = ["task", "route__provider", "region"]
+    date_hierarchy = "started_at"
+    show_full_result_count = False  # COUNT(*) over millions of rows is slow; admin pages stay fast
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(Heartbeat)
+class HeartbeatAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ["name", "last_seen", "count"]

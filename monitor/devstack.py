@@ -1,0 +1,334 @@
+"""The local stack behind `make run` and `make test`.
+
+    python -m monitor.devstack run [--port 8000]   the whole product with demo data
+    python -m monitor.devstack test [-- ARGS]      the test suite (pytest ARGS)
+    python -m monitor.devstack exec -- CMD ...     a command with the stack's environment
+
+When DATABASE_URL / REDIS_URL are unset, embedded PostgreSQL and Redis are started with their
+data under ./var (./var/test for the tests, so a test run never touches the demo's data).
+`run` supervises its processes: their output is prefixed with their name, Ctrl-C stops all of
+them (and the embedded servers it started), and a second `run` keeps the data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from monitor import embedded
+
+ROOT = embedded.ROOT
+PY = sys.executable
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)  # on top of the stack's environment
+    proc: subprocess.Popen[bytes] | None = None
+    pump: threading.Thread | None = field(default=None, repr=False)
+
+
+def _say(message: str) -> None:
+    print(f"\033[1m[routewatch]\033[0m {message}", flush=True)
+
+
+def _pump(name: str, stream: object) -> None:
+    width = 12
+    for raw in iter(stream.readline, b""):  # type: ignore[attr-defined]
+        line = raw.decode(errors="replace").rstrip()
+        print(f"{name:<{width}}| {line}", flush=True)
+
+
+def _prepare_env(var_dir: Path, extra: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    env = dict(os.environ)
+    env.update(extra)
+    env["RW_VAR_DIR"] = str(var_dir)
+    env.setdefault("DJANGO_SETTINGS_MODULE", "monitor.settings")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    started: list[str] = []
+    for name in ("DATABASE_URL", "REDIS_URL"):
+        if not env.get(name):
+            started.append(name)
+    embedded.ensure(var_dir, env)
+    return env, started
+
+
+def _manage(env: dict[str, str], *args: str, quiet: bool = False) -> None:
+    out = subprocess.DEVNULL if quiet else None
+    subprocess.run([PY, str(ROOT / "manage.py"), *args], env=env, check=True, stdout=out)
+
+
+def _wait_http(url: str, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 (loopback)
+                if response.status == 200:
+                    return True
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.3)
+    return False
+
+
+def _stop_children(children: Sequence[Child]) -> None:
+    for child in children:
+        if child.proc and child.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 15
+    for child in children:
+        if not child.proc:
+            continue
+        try:
+            child.proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.proc.pid, signal.SIGKILL)
+            child.proc.wait()
+
+
+# Demo regions: each region's worker reaches the simulated providers through a delay proxy
+# that adds the region's round trip (monitor.netem).
+DEMO_REGIONS = [("us-east", 20), ("eu-west", 90), ("ap-south", 220)]
+SIMULATOR_PORT = 8100
+
+
+def region_workers(env: dict[str, str], simulator_port: int) -> list[Child]:
+    children = []
+    for i, (slug, rtt_ms) in enumerate(DEMO_REGIONS, start=1):
+        proxy_port = simulator_port + i
+        children.append(
+            Child(
+                f"net-{slug}",
+                [
+                    PY,
+                    "-m",
+                    "monitor.netem",
+                    "--listen",
+                    f"127.0.0.1:{proxy_port}",
+                    "--target",
+                    f"127.0.0.1:{simulator_port}",
+                    "--rtt-ms",
+                    str(rtt_ms),
+                ],
+            )
+        )
+        children.append(
+            Child(
+                slug,
+                [
+                    PY,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "monitor",
+                    "worker",
+                    "--loglevel",
+                    "INFO",
+                    "--queues",
+                    f"probes.{slug}",
+                    "--hostname",
+                    f"{slug}@%h",
+                    "--concurrency",
+                    "2",
+                ],
+                env={
+                    # A region worker needs the broker only: no database at all.
+                    "RW_WORKER_ONLY": "true",
+                    "DATABASE_URL": "",
+                    "RW_CONNECT_TO": f"127.0.0.1:{simulator_port}=127.0.0.1:{proxy_port}",
+                },
+            )
+        )
+    return children
+
+
+def stack_processes(env: dict[str, str], port: int) -> list[Child]:
+    """The long-running processes of the product."""
+    var_dir = Path(env["RW_VAR_DIR"])
+    celery = [PY, "-m", "celery", "-A", "monitor"]
+    children = [
+        Child(
+            "simulator",
+            [
+                PY,
+                "-m",
+                "simulator",
+                "--config",
+                str(ROOT / "simulator" / "configs" / "demo.toml"),
+                "--port",
+                str(SIMULATOR_PORT),
+            ],
+        ),
+        Child(
+            "web",
+            [
+                PY,
+                "-m",
+                "gunicorn",
+                "monitor.wsgi",
+                "--bind",
+                f"127.0.0.1:{port}",
+                "--workers",
+                "2",
+                "--threads",
+                "4",
+                "--access-logfile",
+                "-",
+            ],
+        ),
+        Child(
+            "beat",
+            [
+                *celery,
+                "beat",
+                "--loglevel",
+                "INFO",
+                "--schedule",
+                str(var_dir / "celerybeat-schedule"),
+                "--pidfile",
+                "",
+            ],
+        ),
+        Child(
+            "ingest",
+            [
+                *celery,
+                "worker",
+                "--loglevel",
+                "INFO",
+                "--queues",
+                "ingest,default",
+                "--hostname",
+                "ingest@%h",
+                "--concurrency",
+                "2",
+            ],
+        ),
+    ]
+    return children + region_workers(env, SIMULATOR_PORT)
+
+
+def run(port: int) -> int:
+    var_dir = embedded.DEFAULT_VAR
+    _say("starting embedded services (PostgreSQL, Redis) where DATABASE_URL / REDIS_URL are unset")
+    demo_env = {
+        "PROVIDER_ALLOW_PRIVATE_NETWORKS": "true",
+        "SITE_URL": f"http://localhost:{port}",
+        "TICK_SECONDS": "5",
+        "EMAIL_BACKEND": "django.core.mail.backends.filebased.EmailBackend",
+    }
+    extra = {k: v for k, v in demo_env.items() if k not in os.environ}
+    env, started = _prepare_env(var_dir, extra)
+    if started:
+        _say(f"embedded {' and '.join(started)} with data under {var_dir}")
+    _say("migrating the database")
+    _manage(env, "migrate", "--noinput", quiet=True)
+    _manage(env, "collectstatic", "--noinput", quiet=True)
+    _manage(env, "ensure_admin")
+    _manage(env, "load_demo", "--simulator", f"http://127.0.0.1:{SIMULATOR_PORT}")
+
+    children = stack_processes(env, port)
+    stopping = threading.Event()
+
+    def _on_signal(signum: int, frame: object) -> None:
+        stopping.set()
+
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+    for child in children:
+        child.proc = subprocess.Popen(
+            child.argv,
+            env={**env, **child.env},
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C reaches us only; we stop the children ourselves
+        )
+        child.pump = threading.Thread(
+            target=_pump, args=(child.name, child.proc.stdout), daemon=True
+        )
+        child.pump.start()
+
+    url = f"http://localhost:{port}/"
+    if _wait_http(f"http://127.0.0.1:{port}/healthz", 60):
+        _say(f"Routewatch is up: {url}  (admin: {url}admin/)  Ctrl-C stops everything.")
+    else:
+        _say("the web server did not answer within 60 s; see its output above")
+    exit_code = 0
+    while not stopping.is_set():
+        for child in children:
+            if child.proc and child.proc.poll() is not None:
+                _say(f"{child.name} exited with status {child.proc.returncode}; stopping")
+                exit_code = 1
+                stopping.set()
+        stopping.wait(0.5)
+    _say("stopping")
+    _stop_children(children)
+    if started:
+        embedded.stop(var_dir)
+    _say("stopped; data kept under ./var (a second `make run` picks it up)")
+    return exit_code
+
+
+def test(pytest_args: list[str]) -> int:
+    var_dir = ROOT / "var" / "test"
+    env, started = _prepare_env(var_dir, {"PROVIDER_ALLOW_PRIVATE_NETWORKS": "true"})
+    if len(started) < 2:  # tests that restart servers need the embedded ones
+        env["RW_EXTERNAL_SERVICES"] = "1"
+    try:
+        _manage(env, "collectstatic", "--noinput", quiet=True)
+        result = subprocess.run([PY, "-m", "pytest", *pytest_args], env=env, cwd=ROOT)
+        return result.returncode
+    finally:
+        if started:
+            embedded.stop(var_dir)
+
+
+def exec_(argv: list[str]) -> int:
+    env, started = _prepare_env(embedded.DEFAULT_VAR, {})
+    try:
+        return subprocess.run(argv, env=env, cwd=ROOT).returncode
+    finally:
+        if started:
+            embedded.stop(embedded.DEFAULT_VAR)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m monitor.devstack")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_parser = sub.add_parser("run", help="run the whole product with demo data")
+    run_parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+    test_parser = sub.add_parser("test", help="run the test suite")
+    test_parser.add_argument("args", nargs=argparse.REMAINDER)
+    exec_parser = sub.add_parser("exec", help="run a command with the stack's environment")
+    exec_parser.add_argument("args", nargs=argparse.REMAINDER)
+    ns = parser.parse_args(argv)
+    rest: list[str] = list(getattr(ns, "args", []))
+    if rest[:1] == ["--"]:
+        rest = rest[1:]
+    if ns.command == "run":
+        return run(ns.port)
+    if ns.command == "test":
+        return test(rest)
+    if not rest:
+        parser.error("exec needs a command")
+    return exec_(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

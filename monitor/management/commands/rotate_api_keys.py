@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
+
+from monitor.crypto import ApiKeyDecryptionError, rotate_secret
+from monitor.models import Provider
+
+
+class Command(BaseCommand):
+    help = (
+        "Re-encrypt every stored provider API key with the first of FIELD_ENCRYPTION_KEYS. "
+        "Run after putting a new key first; then the old keys can be removed."
+    )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        rotated = 0
+        with transaction.atomic():
+            for provider in Provider.objects.select_for_update().exclude(api_key_encrypted=""):
+                try:
+                    provider.api_key_encrypted = rotate_secret(provider.api_key_encrypted)
+                except ApiKeyDecryptionError:
+                    raise CommandError(
+                        f"The API key of provider {provider.name!r} cannot be decrypted with any "
+                        "configured key; nothing was changed."
+                    ) from None
+                provider.save(update_fields=["api_key_encrypted"])
+                rotated += 1
+        self.stdout.write(self.style.SUCCESS(f"Re-encrypted {rotated} API key(s)."))

@@ -1,0 +1,536 @@
+from __future__ import annotations
+
+import ipaddress
+import socket
+from decimal import Decimal
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.indexes import BrinIndex
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.db import models
+from django.utils import timezone
+
+from monitor.crypto import decrypt_secret, encrypt_secret
+from probes.model import ERROR_KINDS as PROBE_ERROR_KINDS
+
+WIRE_OPENAI = "openai"
+WIRE_ANTHROPIC = "anthropic"
+WIRE_FORMATS = [(WIRE_OPENAI, "OpenAI Chat Completions"), (WIRE_ANTHROPIC, "Anthropic Messages")]
+
+BODY_JSON = "json"
+BODY_MSGPACK_GZIP = "msgpack-gzip"
+BODY_ENCODINGS = [(BODY_JSON, "JSON"), (BODY_MSGPACK_GZIP, "msgpack + gzip")]
+
+HTTP_1_1 = "1.1"
+HTTP_2 = "2"
+HTTP_VERSIONS = [(HTTP_1_1, "HTTP/1.1"), (HTTP_2, "HTTP/2")]
+
+CONN_WARM = "warm"
+CONN_COLD = "cold"
+CONNECTION_MODES = [(CONN_WARM, "warm (pooled)"), (CONN_COLD, "cold (new connection)")]
+
+PREFIX_STABLE = "stable"
+PREFIX_FRESH = "fresh"
+PREFIX_MODES = [(PREFIX_STABLE, "stable prefix (cache can hit)"), (PREFIX_FRESH, "fresh prefix")]
+
+CLASS_INTERACTIVE = "interactive"
+CLASS_ASYNC = "async"
+CLASS_BATCH = "batch"
+LATENCY_CLASSES = [
+    (CLASS_INTERACTIVE, "interactive"),
+    (CLASS_ASYNC, "async"),
+    (CLASS_BATCH, "batch"),
+]
+
+METRIC_E2E_P50 = "e2e_p50"
+METRIC_E2E_P95 = "e2e_p95"
+METRIC_TTFT_P50 = "ttft_p50"
+METRIC_TTFT_P95 = "ttft_p95"
+LATENCY_METRICS = [
+    (METRIC_E2E_P50, "e2e p50"),
+    (METRIC_E2E_P95, "e2e p95"),
+    (METRIC_TTFT_P50, "TTFT p50"),
+    (METRIC_TTFT_P95, "TTFT p95"),
+]
+
+GRADER_EXACT = "exact"
+GRADER_CONTAINS = "contains"
+GRADER_REGEX = "regex"
+GRADER_JSON_SCHEMA = "json_schema"
+GRADER_NUMERIC = "numeric"
+GRADERS = [
+    (GRADER_EXACT, "exact match"),
+    (GRADER_CONTAINS, "contains"),
+    (GRADER_REGEX, "regular expression"),
+    (GRADER_JSON_SCHEMA, "JSON schema"),
+    (GRADER_NUMERIC, "number within tolerance"),
+]
+
+OUTCOME_OK = "ok"
+OUTCOME_ERROR = "error"
+OUTCOME_MISSED = "missed"
+OUTCOMES = [(OUTCOME_OK, "ok"), (OUTCOME_ERROR, "error"), (OUTCOME_MISSED, "missed")]
+
+# The engine's failure kinds, plus two of the monitor's own: a probe that could not start
+# (bad configuration) and a slot with no result by its deadline.
+ERROR_KINDS = [(kind, kind) for kind in (*PROBE_ERROR_KINDS, "config", "missed")]
+
+TOKEN_SOURCES = [("usage", "server usage"), ("tokenizer", "counted (o200k_base)")]
+
+slug_validator = RegexValidator(
+    r"^[a-z0-9]+(?:-[a-z0-9]+)*$", "Use lowercase letters, digits and single hyphens."
+)
+
+
+def check_provider_url(url: str, *, allow_private: bool | None = None) -> None:
+    """Refuse URLs that are not http(s) or that resolve to private, loopback or link-local
+    addresses (unless PROVIDER_ALLOW_PRIVATE_NETWORKS). The probe engine checks the
+    resolved address again at connect time."""
+    if allow_private is None:
+        allow_private = settings.PROVIDER_ALLOW_PRIVATE_NETWORKS
+    parts = urlsplit(url)
+    if parts.scheme not in ("https", "http"):
+        raise ValidationError("The base URL must start with https:// (or http://).")
+    if parts.scheme == "http" and not allow_private:
+        raise ValidationError("Plain http:// is allowed only for private test networks.")
+    if not parts.hostname:
+        raise ValidationError("The base URL has no host name.")
+    if parts.username or parts.password:
+        raise ValidationError("Put credentials in the API key field, not in the URL.")
+    if allow_private:
+        return
+    try:
+        infos = socket.getaddrinfo(parts.hostname, parts.port or 443, type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        raise ValidationError(f"The host {parts.hostname!r} does not resolve.") from None
+    for info in infos:
+        address = ipaddress.ip_address(info[4][0])
+        if not address.is_global:
+            raise ValidationError(
+                f"{parts.hostname} resolves to a non-public address ({address}); "
+                "set PROVIDER_ALLOW_PRIVATE_NETWORKS=true to allow it."
+            )
+
+
+class Provider(models.Model):
+    name = models.CharField(max_length=100, unique=True)
+    slug = models.SlugField(max_length=50, unique=True, validators=[slug_validator])
+    base_url = models.CharField(
+        max_length=500,
+        help_text="For OpenAI format, the URL ending in /v1; for Anthropic, the URL before /v1.",
+    )
+    wire_format = models.CharField(max_length=20, choices=WIRE_FORMATS, default=WIRE_OPENAI)
+    # Fernet token of the API key; the key itself is never stored, rendered or logged.
+    api_key_encrypted = models.TextField(blank=True, default="", editable=False)
+    extra_headers = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Extra request headers, e.g. {"OpenAI-Organization": "org-1"}',
+    )
+    http2 = models.BooleanField("HTTP/2", default=False)
+    body_encoding = models.CharField(max_length=20, choices=BODY_ENCODINGS, default=BODY_JSON)
+    is_simulated = models.BooleanField(
+        default=False, help_text="A simulated provider (demo and tests), labelled as such."
+    )
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        check_provider_url(self.base_url)
+        if not isinstance(self.extra_headers, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.extra_headers.items()
+        ):
+            raise ValidationError({"extra_headers": "Use a JSON object of string to string."})
+
+    @property
+    def has_api_key(self) -> bool:
+        return bool(self.api_key_encrypted)
+
+    def set_api_key(self, plaintext: str) -> None:
+        self.api_key_encrypted = encrypt_secret(plaintext) if plaintext else ""
+
+    def get_api_key(self) -> str:
+        """The decrypted key; raises ApiKeyDecryptionError rather than return ciphertext."""
+        return decrypt_secret(self.api_key_encrypted) if self.api_key_encrypted else ""
+
+
+class Route(models.Model):
+    provider = models.ForeignKey(Provider, on_delete=models.CASCADE, related_name="routes")
+    model_id = models.CharField("model id", max_length=200)
+    display_name = models.CharField(max_length=200, blank=True)
+    price_input_per_mtok = models.DecimalField(
+        "$ / M input tokens", max_digits=12, decimal_places=4, default=Decimal("0")
+    )
+    price_output_per_mtok = models.DecimalField(
+        "$ / M output tokens", max_digits=12, decimal_places=4, default=Decimal("0")
+    )
+    quality_index = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="External quality index (e.g. an Artificial Analysis Intelligence Index figure).",
+    )
+    is_active = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["provider__name", "model_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["provider", "model_id"], name="route_provider_model")
+        ]
+
+    def __str__(self) -> str:
+        return self.display_name or f"{self.provider.name} / {self.model_id}"
+
+    def cost_usd(self, input_tokens: int, output_tokens: int) -> Decimal:
+        return (
+            self.price_input_per_mtok * input_tokens + self.price_output_per_mtok * output_tokens
+        ) / Decimal(1_000_000)
+
+
+class Region(models.Model):
+    name = models.CharField(max_length=100, unique=True)
+    slug = models.SlugField(
+        max_length=50,
+        unique=True,
+        validators=[slug_validator],
+        help_text="Workers for this region consume the queue probes.<slug>.",
+    )
+    is_active = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def queue_name(self) -> str:
+        return f"probes.{self.slug}"
+
+
+def _default_http_versions() -> list[str]:
+    return [HTTP_1_1]
+
+
+def _default_body_encodings() -> list[str]:
+    return [BODY_JSON]
+
+
+def _default_connection_modes() -> list[str]:
+    return [CONN_WARM]
+
+
+def _default_prefix_modes() -> list[str]:
+    return [PREFIX_STABLE]
+
+
+class Task(models.Model):
+    name = models.CharField(max_length=100, unique=True)
+    slug = models.SlugField(max_length=50, unique=True, validators=[slug_validator])
+    description = models.TextField(blank=True)
+    system_prompt = models.TextField(blank=True)
+    user_template = models.TextField(
+        help_text="The user message. {input} is replaced by an eval case's input, if any."
+    )
+    input_tokens = models.PositiveIntegerField(
+        default=1000, help_text="Target prompt size; padding is added up to this many tokens."
+    )
+    max_tokens = models.PositiveIntegerField(default=256, validators=[MinValueValidator(1)])
+    latency_class = models.CharField(
+        max_length=20, choices=LATENCY_CLASSES, default=CLASS_INTERACTIVE
+    )
+    ttft_p95_budget_ms = models.PositiveIntegerField("TTFT p95 budget (ms)", null=True, blank=True)
+    e2e_p95_budget_ms = models.PositiveIntegerField("e2e p95 budget (ms)", null=True, blank=True)
+    latency_metric = models.CharField(
+        max_length=20,
+        choices=LATENCY_METRICS,
+        default=METRIC_E2E_P50,
+        help_text="What 'fastest' means for this task.",
+    )
+    min_pass_rate = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.0), MaxValueValidator(1.0)],
+        help_text="Quality bar: minimum measured pass rate on the eval cases (0 to 1).",
+    )
+    min_quality_index = models.FloatField(
+        null=True, blank=True, help_text="Quality bar: minimum external quality index of a route."
+    )
+    routes = models.ManyToManyField(Route, related_name="tasks", blank=True)
+    regions = models.ManyToManyField(Region, related_name="tasks", blank=True)
+    probe_interval_s = models.PositiveIntegerField(
+        "probe interval (s)", default=300, validators=[MinValueValidator(10)]
+    )
+    probe_timeout_s = models.PositiveIntegerField(
+        "probe deadline (s)",
+        default=180,
+        validators=[MinValueValidator(5), MaxValueValidator(3600)],
+        help_text="Total wall-clock bound of one probe; a slot with no result by then plus a "
+        "minute of grace is recorded as missed.",
+    )
+    http_versions = ArrayField(
+        models.CharField(max_length=5, choices=HTTP_VERSIONS), default=_default_http_versions
+    )
+    body_encodings = ArrayField(
+        models.CharField(max_length=20, choices=BODY_ENCODINGS), default=_default_body_encodings
+    )
+    connection_modes = ArrayField(
+        models.CharField(max_length=10, choices=CONNECTION_MODES),
+        default=_default_connection_modes,
+    )
+    prefix_modes = ArrayField(
+        models.CharField(max_length=10, choices=PREFIX_MODES), default=_default_prefix_modes
+    )
+    monthly_spend_cap_usd = models.DecimalField(
+        "monthly probe-spend cap ($)", max_digits=12, decimal_places=2, null=True, blank=True
+    )
+    is_active = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        for field in ("http_versions", "body_encodings", "connection_modes", "prefix_modes"):
+            if not getattr(self, field):
+                raise ValidationError({field: "Pick at least one."})
+
+
+class EvalCase(models.Model):
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="eval_cases")
+    name = models.CharField(max_length=100)
+    input = models.TextField(help_text="Replaces {input} in the task's user template.")
+    grader = models.CharField(max_length=20, choices=GRADERS, default=GRADER_EXACT)
+    expected = models.TextField(
+        blank=True, help_text="Expected text, substring, regex or number, by grader."
+    )
+    json_schema = models.JSONField(null=True, blank=True, help_text="For the JSON schema grader.")
+    tolerance = models.FloatField(
+        default=0.0, validators=[MinValueValidator(0.0)], help_text="For the numeric grader."
+    )
+    is_active = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["task", "name"]
+        constraints = [models.UniqueConstraint(fields=["task", "name"], name="evalcase_task_name")]
+
+    def __str__(self) -> str:
+        return f"{self.task.name}: {self.name}"
+
+    def clean(self) -> None:
+        import re
+
+        if self.grader == GRADER_REGEX:
+            try:
+                re.compile(self.expected)
+            except re.error as exc:
+                raise ValidationError(
+                    {"expected": f"Not a valid regular expression: {exc}"}
+                ) from None
+        if self.grader == GRADER_NUMERIC:
+            try:
+                float(self.expected)
+            except ValueError:
+                raise ValidationError({"expected": "The numeric grader needs a number."}) from None
+        if self.grader == GRADER_JSON_SCHEMA:
+            from jsonschema import Draft202012Validator
+            from jsonschema.exceptions import SchemaError
+
+            if not isinstance(self.json_schema, dict):
+                raise ValidationError({"json_schema": "The JSON schema grader needs a schema."})
+            try:
+                Draft202012Validator.check_schema(self.json_schema)
+            except SchemaError as exc:
+                raise ValidationError({"json_schema": f"Invalid schema: {exc.message}"}) from None
+
+
+class ProbeResult(models.Model):
+    """One measured call. Field names and units follow PRODUCT.md's metric table."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, null=True, related_name="results")
+    route = models.ForeignKey(Route, on_delete=models.CASCADE, related_name="results")
+    region = models.ForeignKey(Region, on_delete=models.CASCADE, related_name="results")
+    eval_case = models.ForeignKey(EvalCase, on_delete=models.SET_NULL, null=True, blank=True)
+    # The schedule slot this probe fills (null for ad-hoc probes); one result per slot.
+    slot_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(default=timezone.now)
+
+    # options probed
+    http2 = models.BooleanField(default=False)
+    body_encoding = models.CharField(max_length=20, choices=BODY_ENCODINGS, default=BODY_JSON)
+    cold = models.BooleanField(default=False)
+    prefix_mode = models.CharField(max_length=10, choices=PREFIX_MODES, default=PREFIX_STABLE)
+    max_tokens = models.PositiveIntegerField(null=True, blank=True)
+
+    # connection and transfer
+    dns_ms = models.FloatField(null=True, blank=True)
+    connect_ms = models.FloatField(null=True, blank=True)
+    tls_ms = models.FloatField(null=True, blank=True)
+    upload_ms = models.FloatField(null=True, blank=True)
+    request_bytes = models.PositiveIntegerField(null=True, blank=True)
+    ttfb_ms = models.FloatField(null=True, blank=True)
+    ttft_ms = models.FloatField(null=True, blank=True)
+    ttfat_ms = models.FloatField(null=True, blank=True)
+    e2e_ms = models.FloatField(null=True, blank=True)
+    http_version = models.CharField(max_length=10, blank=True)
+
+    # tokens and speed
+    output_tokens = models.PositiveIntegerField(null=True, blank=True)
+    token_source = models.CharField(max_length=10, choices=TOKEN_SOURCES, blank=True)
+    tps = models.FloatField("tokens/s", null=True, blank=True)
+    tpot_ms = models.FloatField(null=True, blank=True)
+    itl_p50_ms = models.FloatField(null=True, blank=True)
+    itl_max_ms = models.FloatField(null=True, blank=True)
+    input_tokens = models.PositiveIntegerField(null=True, blank=True)
+    # null = the provider did not report it, which differs from 0
+    cached_tokens = models.PositiveIntegerField(null=True, blank=True)
+
+    # rate limits, as received
+    ratelimit_remaining_requests = models.IntegerField(null=True, blank=True)
+    ratelimit_remaining_tokens = models.IntegerField(null=True, blank=True)
+    retry_after_s = models.FloatField(null=True, blank=True)
+
+    outcome = models.CharField(max_length=10, choices=OUTCOMES, default=OUTCOME_OK)
+    error_kind = models.CharField(max_length=30, choices=ERROR_KINDS, blank=True)
+    error_detail = models.CharField(max_length=500, blank=True)
+    text = models.TextField(blank=True)
+    quality_pass = models.BooleanField(null=True, blank=True)
+    cost_usd = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            # Time-range scans over the whole table (rollups, retention, probe log): BRIN is
+            # tiny and fits an append-mostly table ordered by time.
+            BrinIndex(fields=["started_at"], name="result_started_brin"),
+            # Route page reads: one route over a time window, answered from the index alone.
+            models.Index(
+                fields=["route", "started_at"],
+                name="result_route_time",
+                include=["region", "outcome", "ttft_ms", "e2e_ms", "tps"],
+            ),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["task", "route", "region", "slot_at"], name="result_one_per_slot"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.route} @ {self.region} {self.started_at:%Y-%m-%d %H:%M:%S} {self.outcome}"
+
+
+class Heartbeat(models.Model):
+    """Last time a periodic process checked in (beat's tick, workers); shown as freshness."""
+
+    name = models.CharField(max_length=100, primary_key=True)
+    last_seen = models.DateTimeField()
+    count = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.name} @ {self.last_seen}"
+
+
+SLOT_DISPATCHED = "dispatched"
+SLOT_DONE = "done"
+SLOT_MISSED = "missed"
+SLOT_STATUSES = [(SLOT_DISPATCHED, "dispatched"), (SLOT_DONE, "done"), (SLOT_MISSED, "missed")]
+
+
+class ProbeSlot(models.Model):
+    """One scheduled (task, route, region, time): created once by whichever beat ticks first,
+    ends done (a result arrived) or missed (none by its deadline)."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE)
+    route = models.ForeignKey(Route, on_delete=models.CASCADE)
+    region = models.ForeignKey(Region, on_delete=models.CASCADE)
+    slot_at = models.DateTimeField()
+    deadline_at = models.DateTimeField()
+    status = models.CharField(max_length=12, choices=SLOT_STATUSES, default=SLOT_DISPATCHED)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["task", "route", "region", "slot_at"], name="slot_key_unique"
+            )
+        ]
+        indexes = [
+            # The missed-slot sweep: dispatched slots past their deadline.
+            models.Index(
+                fields=["deadline_at"],
+                name="slot_open_deadline",
+                condition=models.Q(status="dispatched"),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_id}/{self.route_id}/{self.region_id}@{self.slot_at:%H:%M:%S}"
+
+
+GRAIN_HOUR = "hour"
+GRAIN_DAY = "day"
+GRAINS = [(GRAIN_HOUR, "hour"), (GRAIN_DAY, "day")]
+
+
+class Rollup(models.Model):
+    """Aggregates of probe results per (task, route, region) and hour or day.
+
+    region NULL holds all regions merged, built at ingest time (merging at read time was slow).
+    Every percentile a page shows comes from these histograms (monitor.hist)."""
+
+    grain = models.CharField(max_length=4, choices=GRAINS)
+    bucket_start = models.DateTimeField()
+    task = models.ForeignKey(Task, on_delete=models.CASCADE)
+    route = models.ForeignKey(Route, on_delete=models.CASCADE)
+    region = models.ForeignKey(Region, on_delete=models.CASCADE, null=True, blank=True)
+    count_ok = models.IntegerField(default=0)
+    count_error = models.IntegerField(default=0)
+    count_missed = models.IntegerField(default=0)
+    error_kinds = models.JSONField(default=dict)
+    graded = models.IntegerField(default=0)
+    passed = models.IntegerField(default=0)
+    cache_reported = models.IntegerField(default=0)
+    cache_hits = models.IntegerField(default=0)
+    input_tokens = models.BigIntegerField(default=0)
+    output_tokens = models.BigIntegerField(default=0)
+    cached_tokens = models.BigIntegerField(default=0)
+    cost_usd = models.DecimalField(max_digits=14, decimal_places=6, default=Decimal("0"))
+    # Histograms: flat [bucket, count, bucket, count, ...] arrays (monitor.hist).
+    ttft_hist = ArrayField(models.IntegerField(), default=list)
+    e2e_hist = ArrayField(models.IntegerField(), default=list)
+    tps_hist = ArrayField(models.IntegerField(), default=list)
+    last_probe_at = models.DateTimeField(null=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["grain", "bucket_start", "task", "route", "region"],
+                name="rollup_key",
+                nulls_distinct=False,
+            )
+        ]
+        indexes = [
+            # Route page: one route over a window, by grain, per region or all regions.
+            models.Index(
+                fields=["route", "grain", "region", "bucket_start"], name="rollup_route_time"
+            ),
+            # Overview and fastest-route: all routes of a task over a window.
+            models.Index(fields=["task", "grain", "bucket_start"], name="rollup_task_time"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.grain} {self.bucket_start:%Y-%m-%d %H:00} {self.task_id}/{self.route_id}/{self.region_id}"
+
+    @property
+    def count(self) -> int:
+        return self.count_ok + self.count_error + self.count_missed

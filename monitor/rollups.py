@@ -1,0 +1,324 @@
+"""Hourly and daily rollups of probe results, kept up to date at ingest time.
+
+`apply(results)` folds newly inserted results into four rows each: (hour, region),
+(hour, all regions), (day, region), (day, all regions). One UPSERT per batch adds counts and
+histograms to whatever is there, so concurrent ingest workers never lose an update.
+`stats(...)` reads them back merged over a window, with percentiles from the histograms.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any, NamedTuple
+
+from django.contrib.postgres.aggregates import JSONBAgg
+from django.contrib.postgres.fields import ArrayField
+from django.db import connection
+from django.db.models import Aggregate, IntegerField, Max, Q, QuerySet, Sum
+
+from monitor import hist
+from monitor.models import (
+    GRAIN_DAY,
+    GRAIN_HOUR,
+    OUTCOME_MISSED,
+    OUTCOME_OK,
+    Rollup,
+)
+
+Key = tuple[str, datetime, int, int, int | None]
+
+
+class ResultRow(NamedTuple):
+    """The columns of an inserted probe result that rollups fold in (monitor.ingest)."""
+
+    task_id: int | None
+    route_id: int
+    region_id: int
+    slot_at: datetime | None
+    started_at: datetime
+    outcome: str
+    error_kind: str
+    ttft_ms: float | None
+    e2e_ms: float | None
+    tps: float | None
+    quality_pass: bool | None
+    cached_tokens: int | None
+    input_tokens: int | None
+    output_tokens: int | None
+    cost_usd: Decimal | None
+
+
+def bucket_start(when: datetime, grain: str) -> datetime:
+    start = when.replace(minute=0, second=0, microsecond=0)
+    return start.replace(hour=0) if grain == GRAIN_DAY else start
+
+
+@dataclass
+class _Delta:
+    count_ok: int = 0
+    count_error: int = 0
+    count_missed: int = 0
+    error_kinds: Counter[str] = field(default_factory=Counter)
+    graded: int = 0
+    passed: int = 0
+    cache_reported: int = 0
+    cache_hits: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    cost_usd: Decimal = Decimal("0")
+    ttft: list[float] = field(default_factory=list)
+    e2e: list[float] = field(default_factory=list)
+    tps: list[float] = field(default_factory=list)
+    last_probe_at: datetime | None = None
+
+    def add(self, r: ResultRow) -> None:
+        if r.outcome == OUTCOME_OK:
+            self.count_ok += 1
+            if r.ttft_ms is not None:
+                self.ttft.append(r.ttft_ms)
+            if r.e2e_ms is not None:
+                self.e2e.append(r.e2e_ms)
+            if r.tps is not None:
+                self.tps.append(r.tps)
+        elif r.outcome == OUTCOME_MISSED:
+            self.count_missed += 1
+        else:
+            self.count_error += 1
+        if r.error_kind:
+            self.error_kinds[r.error_kind] += 1
+        if r.quality_pass is not None:
+            self.graded += 1
+            self.passed += int(r.quality_pass)
+        if r.cached_tokens is not None:
+            self.cache_reported += 1
+            self.cache_hits += int(r.cached_tokens > 0)
+            self.cached_tokens += r.cached_tokens
+        self.input_tokens += r.input_tokens or 0
+        self.output_tokens += r.output_tokens or 0
+        self.cost_usd += r.cost_usd or Decimal("0")
+        if r.outcome != OUTCOME_MISSED and (
+            self.last_probe_at is None or r.started_at > self.last_probe_at
+        ):
+            self.last_probe_at = r.started_at
+
+
+_COLUMNS = (
+    "grain, bucket_start, task_id, route_id, region_id, count_ok, count_error, count_missed, "
+    "error_kinds, graded, passed, cache_reported, cache_hits, input_tokens, output_tokens, "
+    "cached_tokens, cost_usd, ttft_hist, e2e_hist, tps_hist, last_probe_at"
+)
+# Rollup columns that add up (in the UPSERT, and across rows when reading).
+_SUMMED = (
+    "count_ok",
+    "count_error",
+    "count_missed",
+    "graded",
+    "passed",
+    "cache_reported",
+    "cache_hits",
+    "input_tokens",
+    "output_tokens",
+    "cached_tokens",
+    "cost_usd",
+)
+_UPSERT = f"""
+INSERT INTO monitor_rollup ({_COLUMNS}) VALUES {{values}}
+ON CONFLICT (grain, bucket_start, task_id, route_id, region_id) DO UPDATE SET
+  {", ".join(f"{c} = monitor_rollup.{c} + EXCLUDED.{c}" for c in _SUMMED)},
+  error_kinds = (
+    SELECT coalesce(jsonb_object_agg(k, n), '{{}}'::jsonb) FROM (
+      SELECT k, sum(v::int) AS n FROM (
+        SELECT * FROM jsonb_each_text(monitor_rollup.error_kinds)
+        UNION ALL SELECT * FROM jsonb_each_text(EXCLUDED.error_kinds)
+      ) AS kinds(k, v) GROUP BY k
+    ) AS summed
+  ),
+  ttft_hist = rw_pairs_add(monitor_rollup.ttft_hist, EXCLUDED.ttft_hist),
+  e2e_hist = rw_pairs_add(monitor_rollup.e2e_hist, EXCLUDED.e2e_hist),
+  tps_hist = rw_pairs_add(monitor_rollup.tps_hist, EXCLUDED.tps_hist),
+  last_probe_at = GREATEST(monitor_rollup.last_probe_at, EXCLUDED.last_probe_at)
+"""
+_ROW = "(" + ", ".join(["%s"] * 8) + ", %s::jsonb, " + ", ".join(["%s"] * 12) + ")"
+
+
+def apply(results: Iterable[ResultRow]) -> int:
+    """Fold results into the rollups; returns how many rollup rows were written."""
+    deltas: dict[Key, _Delta] = {}
+    for r in results:
+        if r.task_id is None:
+            continue  # ad-hoc probes are not part of any task's rollups
+        for grain in (GRAIN_HOUR, GRAIN_DAY):
+            start = bucket_start(r.started_at, grain)
+            for region_id in (r.region_id, None):
+                key = (grain, start, r.task_id, r.route_id, region_id)
+                deltas.setdefault(key, _Delta()).add(r)
+    if not deltas:
+        return 0
+    params: list[Any] = []
+    # A stable order, so two ingest workers lock rollup rows in the same order (no deadlock).
+    for key in sorted(deltas, key=lambda k: (k[0], k[1], k[2], k[3], k[4] or 0)):
+        d = deltas[key]
+        params.extend(key)
+        params.extend([d.count_ok, d.count_error, d.count_missed, json.dumps(d.error_kinds)])
+        params.extend(
+            [
+                d.graded,
+                d.passed,
+                d.cache_reported,
+                d.cache_hits,
+                d.input_tokens,
+                d.output_tokens,
+                d.cached_tokens,
+                d.cost_usd,
+                hist.build(d.ttft, hist.MS),
+                hist.build(d.e2e, hist.MS),
+                hist.build(d.tps, hist.TPS),
+                d.last_probe_at,
+            ]
+        )
+    sql = _UPSERT.replace("{values}", ", ".join([_ROW] * len(deltas)))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+    return len(deltas)
+
+
+@dataclass
+class Stats:
+    """Merged rollups over a window, for one (task, route, region or all regions)."""
+
+    count_ok: int = 0
+    count_error: int = 0
+    count_missed: int = 0
+    error_kinds: dict[str, int] = field(default_factory=dict)
+    graded: int = 0
+    passed: int = 0
+    cache_reported: int = 0
+    cache_hits: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    cost_usd: Decimal = Decimal("0")
+    # {bucket: count}, merged from the rows' pairs arrays (monitor.hist)
+    ttft_counts: dict[int, int] = field(default_factory=dict)
+    e2e_counts: dict[int, int] = field(default_factory=dict)
+    tps_counts: dict[int, int] = field(default_factory=dict)
+    last_probe_at: datetime | None = None
+
+    @property
+    def count(self) -> int:
+        return self.count_ok + self.count_error + self.count_missed
+
+    @property
+    def error_rate(self) -> float | None:
+        return (self.count_error + self.count_missed) / self.count if self.count else None
+
+    @property
+    def pass_rate(self) -> float | None:
+        return self.passed / self.graded if self.graded else None
+
+    @property
+    def cache_hit_rate(self) -> float | None:
+        """None when the provider never reported cached tokens (which differs from 0%)."""
+        return self.cache_hits / self.cache_reported if self.cache_reported else None
+
+    def _percentile(self, counts: dict[int, int], q: int, scale: hist.Scale) -> float | None:
+        return hist.percentile(_pairs(counts), q, scale)
+
+    def ttft_ms(self, q: int) -> float | None:
+        return self._percentile(self.ttft_counts, q, hist.MS)
+
+    def e2e_ms(self, q: int) -> float | None:
+        return self._percentile(self.e2e_counts, q, hist.MS)
+
+    def tps(self, q: int) -> float | None:
+        return self._percentile(self.tps_counts, q, hist.TPS)
+
+    def metric(self, name: str) -> float | None:
+        """A latency metric by name: e2e_p50, ttft_p95, ..."""
+        kind, _, q = name.partition("_p")
+        if kind == "e2e":
+            return self.e2e_ms(int(q))
+        if kind == "ttft":
+            return self.ttft_ms(int(q))
+        raise ValueError(f"unknown latency metric {name!r}")
+
+    def add_row(self, row: Rollup) -> None:
+        """Fold one rollup row in (reads of many rows go through stats_by, in SQL)."""
+        for name in _SUMMED:
+            setattr(self, name, getattr(self, name) + getattr(row, name))
+        for kind, n in row.error_kinds.items():
+            self.error_kinds[kind] = self.error_kinds.get(kind, 0) + int(n)
+        hist.add_into(self.ttft_counts, row.ttft_hist)
+        hist.add_into(self.e2e_counts, row.e2e_hist)
+        hist.add_into(self.tps_counts, row.tps_hist)
+        if row.last_probe_at and (
+            self.last_probe_at is None or row.last_probe_at > self.last_probe_at
+        ):
+            self.last_probe_at = row.last_probe_at
+
+
+def _pairs(counts: dict[int, int]) -> hist.Pairs:
+    pairs: hist.Pairs = []
+    for b in sorted(counts):
+        pairs.extend((b, counts[b]))
+    return pairs
+
+
+def grain_for(window: timedelta) -> str:
+    """Windows of up to three days read hourly rows; longer ones read daily rows."""
+    return GRAIN_HOUR if window <= timedelta(days=3) else GRAIN_DAY
+
+
+def rows(
+    *, since: datetime, until: datetime, grain: str, all_regions: bool = False
+) -> QuerySet[Rollup]:
+    qs = Rollup.objects.filter(grain=grain, bucket_start__gte=bucket_start(since, grain))
+    qs = qs.filter(bucket_start__lt=until)
+    return qs.filter(region__isnull=True) if all_regions else qs.filter(region__isnull=False)
+
+
+class _Cat(Aggregate):
+    """Concatenate pairs arrays across rows (SQL aggregate rw_cat, migration 0002)."""
+
+    function = "rw_cat"
+    output_field = ArrayField(IntegerField())
+
+
+def stats_by(
+    qs: QuerySet[Rollup], key_fields: Sequence[str], *, histograms: bool = True
+) -> dict[tuple[int | None, ...], Stats]:
+    """Merge rollup rows into one Stats per key (e.g. ("task_id", "route_id", "region_id")).
+
+    PostgreSQL sums the counts and concatenates the histograms per key, so Python handles one
+    row per key, not one per hour: this is the hot path of every page. Without
+    `histograms`, only counts are read (enough for pass rates and error rates)."""
+    aggregates: dict[str, Aggregate] = {
+        **{f"s_{name}": Sum(name) for name in _SUMMED},
+        "s_error_kinds": JSONBAgg("error_kinds", filter=~Q(error_kinds={})),
+        "s_last_probe_at": Max("last_probe_at"),
+    }
+    if histograms:
+        aggregates.update(
+            s_ttft_hist=_Cat("ttft_hist"), s_e2e_hist=_Cat("e2e_hist"), s_tps_hist=_Cat("tps_hist")
+        )
+    merged: dict[tuple[int | None, ...], Stats] = {}
+    for row in qs.order_by().values(*key_fields).annotate(**aggregates):
+        stats = Stats()
+        for name in _SUMMED:
+            setattr(stats, name, row[f"s_{name}"] or 0)
+        for kinds in row["s_error_kinds"] or []:
+            for kind, n in kinds.items():
+                stats.error_kinds[kind] = stats.error_kinds.get(kind, 0) + int(n)
+        if histograms:
+            hist.add_into(stats.ttft_counts, row["s_ttft_hist"])
+            hist.add_into(stats.e2e_counts, row["s_e2e_hist"])
+            hist.add_into(stats.tps_counts, row["s_tps_hist"])
+        stats.last_probe_at = row["s_last_probe_at"]
+        merged[tuple(row[f] for f in key_fields)] = stats
+    return merged

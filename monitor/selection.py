@@ -1,0 +1,107 @@
+"""The fastest qualifying route: the one question the product answers.
+
+For a task and a region, over a window: among the task's routes that clear its quality bar
+with enough samples, the one lowest on the task's latency metric (default p50 e2e).
+
+Rules, in order:
+- Quality bar: if the task sets `min_pass_rate`, a route needs at least MIN_GRADED graded
+  probes in the window (all regions together: quality does not depend on where you call from)
+  and a pass rate at or above the bar. If it sets `min_quality_index`, the route's external
+  index must be at or above it. A task with neither bar lets every route qualify.
+- Enough samples: the route needs enough successful probes in this region for the metric's
+  percentile (monitor.hist.MIN_SAMPLES); otherwise it is "too few samples", not ranked.
+- Lowest metric wins. Ties (equal to the millisecond) go to the lower p95 e2e, then the lower
+  price for the task's token counts, then the lower route id, so the answer is deterministic.
+- No route qualifies: `winner` is None and every candidate carries the reason it was left out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+
+from monitor.models import Route, Task
+from monitor.rollups import Stats
+
+MIN_GRADED = 10
+
+REASON_QUALITY = "below the quality bar"
+REASON_UNGRADED = "too few graded probes"
+REASON_NO_INDEX = "no quality index"
+REASON_FEW_SAMPLES = "too few samples"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    route: Route
+    metric_ms: float | None
+    pass_rate: float | None
+    qualifies: bool
+    reason: str  # why it does not qualify ("" when it does)
+
+
+@dataclass(frozen=True)
+class Choice:
+    winner: Candidate | None
+    candidates: list[Candidate]  # ranked: qualifying by metric first, then the rest
+
+    @property
+    def reason(self) -> str:
+        if self.winner:
+            return ""
+        if not self.candidates:
+            return "no candidate routes"
+        return "no route meets the quality bar with enough samples"
+
+
+def quality_verdict(task: Task, route: Route, quality: Stats | None) -> tuple[bool, str]:
+    if task.min_quality_index is not None and (
+        route.quality_index is None or route.quality_index < task.min_quality_index
+    ):
+        return False, REASON_NO_INDEX if route.quality_index is None else REASON_QUALITY
+    if task.min_pass_rate is not None:
+        if quality is None or quality.graded < MIN_GRADED:
+            return False, REASON_UNGRADED
+        assert quality.pass_rate is not None
+        if quality.pass_rate < task.min_pass_rate:
+            return False, REASON_QUALITY
+    return True, ""
+
+
+def choose(
+    task: Task,
+    routes: Sequence[Route],
+    latency: Mapping[int, Stats],
+    quality: Mapping[int, Stats],
+) -> Choice:
+    """`latency`: per route id, stats in this region; `quality`: per route id, all regions."""
+    candidates: list[Candidate] = []
+    for route in routes:
+        region_stats = latency.get(route.pk)
+        metric = region_stats.metric(task.latency_metric) if region_stats else None
+        quality_stats = quality.get(route.pk)
+        ok, reason = quality_verdict(task, route, quality_stats)
+        if ok and metric is None:
+            ok, reason = False, REASON_FEW_SAMPLES
+        candidates.append(
+            Candidate(
+                route=route,
+                metric_ms=metric,
+                pass_rate=quality_stats.pass_rate if quality_stats else None,
+                qualifies=ok,
+                reason=reason,
+            )
+        )
+
+    def rank(c: Candidate) -> tuple[int, float, float, Decimal, int]:
+        stats = latency.get(c.route.pk)
+        p95 = (stats.e2e_ms(95) if stats else None) or float("inf")
+        price = c.route.cost_usd(task.input_tokens, task.max_tokens)
+        # Equal to the millisecond counts as a tie.
+        metric = float(round(c.metric_ms)) if c.metric_ms is not None else float("inf")
+        return (0 if c.qualifies else 1, metric, p95, price, c.route.pk)
+
+    candidates.sort(key=rank)
+    winner = candidates[0] if candidates and candidates[0].qualifies else None
+    return Choice(winner=winner, candidates=candidates)

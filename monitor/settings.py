@@ -1,0 +1,241 @@
+"""Routewatch settings: everything comes from environment variables (see .env.example).
+
+A malformed value stops start-up with a message naming the variable. PostgreSQL only.
+When DATABASE_URL / REDIS_URL are unset, the values of a running embedded stack
+(`monitor.embedded`, started by `make run`, `make test` or `manage.py`) are used.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from monitor import embedded
+from monitor.crypto import fernet_key_is_valid
+from monitor.env import ConfigError, envbool, envint, envlist, envsecret, envstr
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(envstr("RW_VAR_DIR", str(BASE_DIR / "var")))
+
+
+def _fail(message: str) -> ImproperlyConfigured:
+    return ImproperlyConfigured(f"Routewatch configuration error: {message}")
+
+
+try:
+    DEBUG = envbool("DEBUG", False)
+    # A region worker reaches only the broker: no database settings needed or used.
+    WORKER_ONLY = envbool("RW_WORKER_ONLY", False)
+    _embedded_state = embedded.read_state(VAR_DIR)
+    _database_url = (
+        "" if WORKER_ONLY else envstr("DATABASE_URL") or _embedded_state.get("DATABASE_URL", "")
+    )
+    # Region workers: "host:port=host:port,..." sends a provider's traffic through another
+    # address (the demo's per-region delay proxies), like curl --connect-to.
+    CONNECT_TO = envlist("RW_CONNECT_TO", [])
+    REDIS_URL = envstr("REDIS_URL") or _embedded_state.get("REDIS_URL", "")
+    SECRET_KEY = envsecret("SECRET_KEY")
+    ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["localhost", "127.0.0.1"])
+    CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
+    SITE_URL = envstr("SITE_URL", "http://localhost:8000").rstrip("/")
+    TIME_ZONE = envstr("TIME_ZONE", "UTC")
+    FIELD_ENCRYPTION_KEYS = [
+        k.strip() for k in envsecret("FIELD_ENCRYPTION_KEYS").split(",") if k.strip()
+    ]
+    CONN_MAX_AGE = envint("DB_CONN_MAX_AGE", 60, minimum=0)
+    PUBLIC_READONLY_PAGES = envbool("PUBLIC_READONLY_PAGES", False)
+    PROVIDER_ALLOW_PRIVATE_NETWORKS = envbool("PROVIDER_ALLOW_PRIVATE_NETWORKS", False)
+    TICK_SECONDS = envint("TICK_SECONDS", 10, minimum=1, maximum=3600)
+    RAW_RETENTION_DAYS = envint("RAW_RETENTION_DAYS", 90, minimum=1)
+    # A slot with no result by its probe deadline plus this grace is recorded missed.
+    SLOT_GRACE_SECONDS = envint("SLOT_GRACE_SECONDS", 60, minimum=1)
+    CELERY_TASK_SOFT_TIME_LIMIT = envint("CELERY_TASK_SOFT_TIME_LIMIT", 300, minimum=1)
+    CELERY_TASK_TIME_LIMIT = envint("CELERY_TASK_TIME_LIMIT", 360, minimum=1)
+    EMAIL_BACKEND = envstr("EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
+    EMAIL_HOST = envstr("EMAIL_HOST", "localhost")
+    EMAIL_PORT = envint("EMAIL_PORT", 25, minimum=1, maximum=65535)
+    EMAIL_HOST_USER = envstr("EMAIL_HOST_USER")
+    EMAIL_HOST_PASSWORD = envsecret("EMAIL_HOST_PASSWORD")
+    EMAIL_USE_TLS = envbool("EMAIL_USE_TLS", False)
+    EMAIL_USE_SSL = envbool("EMAIL_USE_SSL", False)
+    EMAIL_TIMEOUT = envint("EMAIL_TIMEOUT", 30, minimum=1)
+    EMAIL_FILE_PATH = envstr("EMAIL_FILE_PATH", str(VAR_DIR / "mail"))
+    DEFAULT_FROM_EMAIL = envstr("DEFAULT_FROM_EMAIL", "Routewatch <routewatch@localhost>")
+    LOG_LEVEL = envstr("LOG_LEVEL", "INFO").upper()
+except ConfigError as exc:
+    raise _fail(str(exc)) from None
+
+if not SECRET_KEY:
+    raise _fail("SECRET_KEY is not set (make run and make test create one under ./var).")
+if not _database_url and not WORKER_ONLY:
+    raise _fail(
+        "DATABASE_URL is not set and no embedded PostgreSQL is running. "
+        "Set DATABASE_URL=postgresql://user:pass@host:5432/name, or use `make run` / manage.py, "
+        "which start the embedded one."
+    )
+if not REDIS_URL:
+    raise _fail("REDIS_URL is not set and no embedded Redis is running (redis://host:6379/0).")
+if not REDIS_URL.startswith(("redis://", "rediss://")):
+    raise _fail(f"REDIS_URL must start with redis:// or rediss://, got {REDIS_URL.split(':')[0]}:")
+if EMAIL_USE_TLS and EMAIL_USE_SSL:
+    raise _fail("EMAIL_USE_TLS and EMAIL_USE_SSL cannot both be true.")
+if LOG_LEVEL not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+    raise _fail(f"LOG_LEVEL must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {LOG_LEVEL!r}")
+try:
+    ZoneInfo(TIME_ZONE)
+except (ZoneInfoNotFoundError, ValueError):
+    raise _fail(
+        f"TIME_ZONE must be an IANA time zone such as Europe/Paris, got {TIME_ZONE!r}"
+    ) from None
+if not SITE_URL.startswith(("http://", "https://")):
+    raise _fail(f"SITE_URL must start with http:// or https://, got {SITE_URL!r}")
+
+# API keys of providers are encrypted with the first key; the others still decrypt (rotation).
+if not FIELD_ENCRYPTION_KEYS:
+    raise _fail(
+        "FIELD_ENCRYPTION_KEYS is not set. Make one with: "
+        'python -c "from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())"'
+    )
+for _position, _key in enumerate(FIELD_ENCRYPTION_KEYS, start=1):
+    if not fernet_key_is_valid(_key):
+        raise _fail(
+            f"FIELD_ENCRYPTION_KEYS entry {_position} is not a Fernet key "
+            "(32 url-safe base64-encoded bytes)."
+        )
+
+if not _database_url.startswith(("postgres://", "postgresql://")) and _database_url:
+    raise _fail(
+        "DATABASE_URL must be a PostgreSQL URL (postgresql://...); nothing else is supported."
+    )
+DATABASES: dict[str, dict[str, Any]] = {}
+if _database_url:
+    try:
+        _db: dict[str, Any] = dict(dj_database_url.parse(_database_url, conn_max_age=CONN_MAX_AGE))
+    except Exception as exc:  # dj-database-url raises several types for a bad URL
+        raise _fail(f"DATABASE_URL is malformed ({exc.__class__.__name__}).") from None
+    _db["CONN_HEALTH_CHECKS"] = True
+    _db["OPTIONS"] = {
+        **_db.get("OPTIONS", {}),
+        "application_name": Path(sys.argv[0]).name[:60] or "routewatch",
+    }
+    DATABASES["default"] = _db
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "django.contrib.humanize",
+    "django_htmx",
+    "template_partials",
+    "monitor",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+    "monitor.middleware.ContentSecurityPolicyMiddleware",
+]
+
+ROOT_URLCONF = "monitor.urls"
+WSGI_APPLICATION = "monitor.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATIC_ROOT = VAR_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"
+        if DEBUG
+        else "whitenoise.storage.CompressedManifestStaticFilesStorage"
+    },
+}
+WHITENOISE_USE_FINDERS = DEBUG
+
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "rw-overview"
+LOGOUT_REDIRECT_URL = "login"
+
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SECURE = SITE_URL.startswith("https://")
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+
+# --- Celery (cookiecutter-django style: settings namespaced CELERY_) ---------------------------
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TIMEZONE = "UTC"
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_TASK_TIME_LIMIT * 2}
+CELERY_TASK_DEFAULT_QUEUE = "default"
+CELERY_TASK_ROUTES = {"monitor.tasks.ingest_results": {"queue": "ingest"}}
+CELERY_BEAT_SCHEDULE = {
+    "tick": {"task": "monitor.tasks.tick", "schedule": float(TICK_SECONDS)},
+    "retention": {"task": "monitor.tasks.delete_old_results", "schedule": 3600.0},
+}
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+
+# --- logging: API keys never reach a log line (monitor.logging_filters.RedactSecrets) --------
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "filters": {"redact": {"()": "monitor.logfilters.RedactSecrets"}},
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact"]}
+    },
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {"django.db.backends": {"level": "INFO"}},
+}

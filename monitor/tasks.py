@@ -1,0 +1,61 @@
+"""Celery tasks. Thin: each calls a function of the scheduler, the ingest or the engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import shared_task
+from django.conf import settings
+from django.db.models import F
+from django.utils import timezone
+
+from monitor.digest_tasks import *  # noqa: F403 (registers the digest's tasks)
+from monitor.models import Heartbeat
+
+
+def beat(name: str) -> None:
+    now = timezone.now()
+    updated = Heartbeat.objects.filter(name=name).update(last_seen=now, count=F("count") + 1)
+    if not updated:
+        Heartbeat.objects.get_or_create(name=name, defaults={"last_seen": now, "count": 1})
+
+
+@shared_task(name="monitor.tasks.tick")
+def tick() -> dict[str, int]:
+    """Beat's periodic tick: record missed slots, then claim and send the due ones."""
+    from monitor import ingest, scheduling
+
+    beat("tick")
+    ingest.sweep_missed()
+    return scheduling.tick()
+
+
+@shared_task(
+    name="monitor.tasks.run_probe_batch",
+    acks_late=True,
+    reject_on_worker_lost=True,
+    # A batch runs for at most the longest probe deadline; the limits sit above that.
+    soft_time_limit=settings.CELERY_TASK_SOFT_TIME_LIMIT * 4,
+    time_limit=settings.CELERY_TASK_TIME_LIMIT * 4,
+)
+def run_probe_batch(batch: dict[str, Any]) -> int:
+    """On a region worker: run a batch of probes, send the results to ingest over the broker."""
+    from monitor import worker
+
+    results = worker.run_batch(batch)
+    ingest_results.apply_async(args=(results,), queue="ingest")
+    return len(results)
+
+
+@shared_task(name="monitor.tasks.ingest_results", acks_late=True, reject_on_worker_lost=True)
+def ingest_results(results: list[dict[str, Any]]) -> int:
+    from monitor import ingest
+
+    return ingest.ingest(results)
+
+
+@shared_task(name="monitor.tasks.delete_old_results")
+def delete_old_results() -> int:
+    from monitor import ingest
+
+    return ingest.delete_old_results(settings.RAW_RETENTION_DAYS)

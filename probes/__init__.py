@@ -1,0 +1,33 @@
+"""The measuring engine: one LLM call measured the way an application experiences it.
+
+    from probes import ProbeSpec, probe, run_batch, race, grade
+    result = await probe(ProbeSpec(base_url=..., format="openai", model=..., api_key=...))
+
+No Django here. Public surface:
+- ProbeSpec, ProbeResult (probes.model): what to call / what was measured (to_dict/from_dict)
+- probe(spec) -> ProbeResult: never raises; failures are outcomes with an error_kind
+- run_batch(specs, window_s=, max_in_flight=) -> list[ProbeResult]
+- race(specs_by_name) -> RaceResult
+- grade(grader, text, expected, schema, tolerance) -> bool
+- WIRE_FORMATS: the registry of wire formats ("openai", "anthropic")
+"""
+
+from __future__ import annotations
+
+from probes.batch import run_batch
+from probes.engine import probe
+from probes.formats import WIRE_FORMATS
+from probes.graders import grade
+from probes.model import ProbeResult, ProbeSpec
+from probes.race import RaceResult, race
+
+__all__ = [
+    "WIRE_FORMATS",
+    "ProbeResult",
+    "ProbeSpec",
+    "RaceResult",
+    "grade",
+    "probe",
+    "race",
+    "run_batch",
+]

@@ -1,0 +1,203 @@
+"""HTTP clients for probes: warm pooled clients, cold one-shot clients, and per-phase timing.
+
+httpx's trace extension reports TCP connect, TLS and header/body events but has no DNS event,
+so clients use a network backend of ours: it resolves the name itself (timed), checks the
+address against the probe's policy (no private or loopback addresses unless allowed: the
+connect-time check of admin-configured URLs), and connects to that address. The timing of the
+probe in progress is found through a context variable, since httpcore opens connections in the
+task that sends the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import ipaddress
+import socket
+import ssl
+import time
+from collections.abc import Iterable
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpcore
+import httpx
+
+
+class BlockedAddress(Exception):
+    """The host resolves to an address the probe may not connect to."""
+
+
+class ResolutionError(Exception):
+    """The host name does not resolve."""
+
+
+@dataclass
+class Phases:
+    """Per-probe timestamps (perf_counter seconds) collected by the backend and the trace."""
+
+    dns_start: float | None = None
+    dns_end: float | None = None
+    connect_start: float | None = None
+    connect_end: float | None = None
+    tls_start: float | None = None
+    tls_end: float | None = None
+    body_sent: float | None = None
+    headers_received: float | None = None
+    allow_private: bool = True
+    connect_to: str | None = None
+    events: list[str] = field(default_factory=list)
+
+    async def trace(self, name: str, info: dict[str, Any]) -> None:
+        now = time.perf_counter()
+        if name == "connection.connect_tcp.started":
+            self.connect_start = self.connect_start or now
+        elif name == "connection.connect_tcp.complete":
+            self.connect_end = now
+        elif name == "connection.start_tls.started":
+            self.tls_start = now
+        elif name == "connection.start_tls.complete":
+            self.tls_end = now
+        elif name.endswith("send_request_body.complete"):
+            self.body_sent = now
+        elif name.endswith("receive_response_headers.complete"):
+            self.headers_received = now
+
+
+current: ContextVar[Phases | None] = ContextVar("probe_phases", default=None)
+
+
+def _address_allowed(address: str) -> bool:
+    return ipaddress.ip_address(address).is_global
+
+
+class TimedBackend(httpcore.AsyncNetworkBackend):
+    """Resolves names itself (DNS timed apart from TCP) and enforces the address policy."""
+
+    def __init__(self) -> None:
+        self._inner = httpcore.AnyIOBackend()
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        phases = current.get()
+        if phases is not None and phases.connect_to:
+            target_host, _, target_port = phases.connect_to.rpartition(":")
+            host, port = target_host, int(target_port)
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        try:
+            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except socket.gaierror as exc:
+            raise ResolutionError(f"cannot resolve {host}: {exc.strerror}") from None
+        resolved = time.perf_counter()
+        address = infos[0][4][0]
+        if phases is not None:
+            phases.dns_start, phases.dns_end = started, resolved
+            phases.connect_start = resolved
+            if not phases.allow_private and not _address_allowed(address):
+                raise BlockedAddress(f"{host} resolves to a non-public address ({address})")
+        return await self._inner.connect_tcp(
+            address,
+            port,
+            timeout=timeout,
+            local_address=local_address,
+            socket_options=socket_options,
+        )
+
+    async def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore.AsyncNetworkStream:
+        return await self._inner.connect_unix_socket(
+            path, timeout=timeout, socket_options=socket_options
+        )
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
+@functools.cache
+def ssl_context(verify: bool | str) -> ssl.SSLContext:
+    """One SSL context per verification setting: loading CA certificates takes ~30 ms, far
+    too long to do per client while other probes stream on the same event loop."""
+    if isinstance(verify, str):
+        return ssl.create_default_context(cafile=verify)
+    return httpx.create_ssl_context(verify=verify)
+
+
+def make_client(
+    http2: bool, verify: bool | str, max_connections: int = 1000, *, cleartext: bool = False
+) -> httpx.AsyncClient:
+    """A client whose connections go through TimedBackend. Creating one costs tens of ms:
+    never inside a timed path. HTTP/2 over cleartext (h2c) uses prior knowledge."""
+    pool = httpcore.AsyncConnectionPool(
+        ssl_context=ssl_context(verify),
+        max_connections=max_connections,
+        max_keepalive_connections=max_connections,
+        keepalive_expiry=300.0,
+        http1=not (http2 and cleartext),
+        http2=http2,
+        network_backend=TimedBackend(),
+    )
+    # httpx builds its own pool (and SSL context) here; ours replaces it.
+    transport = httpx.AsyncHTTPTransport(http2=http2, verify=ssl_context(verify))
+    transport._pool = pool  # httpx has no public way to pass a network backend
+    # No httpx timeouts: the engine bounds every phase itself with one deadline.
+    return httpx.AsyncClient(transport=transport, timeout=None, follow_redirects=False)  # noqa: S113
+
+
+class ClientPool:
+    """Long-lived clients per (origin, HTTP version, verification) per process.
+
+    A key starts with one client; when its in-flight requests reach `per_client`, the next
+    request goes to another client (a shard). httpcore's pool walks all of its connections on
+    every request start and end, which at 200 concurrent streams in one pool cost most of a
+    core (bench/bench_probes.py); several small pools cost a fraction. Requests go to the
+    first shard with room, so sequential probes keep reusing the same warm connection."""
+
+    def __init__(self, per_client: int = 16) -> None:
+        self.per_client = per_client
+        self._clients: dict[tuple[str, bool, str], list[httpx.AsyncClient]] = {}
+        self._in_flight: dict[int, int] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def acquire(self, origin: str, http2: bool, verify: bool | str) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # clients are bound to the loop they were made on
+            self._clients.clear()
+            self._in_flight.clear()
+            self._loop = loop
+        ring = self._clients.setdefault((origin, http2, str(verify)), [])
+        for i, client in enumerate(ring):
+            if client.is_closed:
+                client = ring[i] = make_client(
+                    http2, verify, cleartext=origin.startswith("http://")
+                )
+            if self._in_flight.get(id(client), 0) < self.per_client:
+                break
+        else:
+            client = make_client(http2, verify, cleartext=origin.startswith("http://"))
+            ring.append(client)
+        self._in_flight[id(client)] = self._in_flight.get(id(client), 0) + 1
+        return client
+
+    def release(self, client: httpx.AsyncClient) -> None:
+        key = id(client)
+        if key in self._in_flight:
+            self._in_flight[key] = max(0, self._in_flight[key] - 1)
+
+    async def aclose(self) -> None:
+        for ring in list(self._clients.values()):
+            for client in ring:
+                await client.aclose()
+        self._clients.clear()
+        self._in_flight.clear()
+
+
+warm_clients = ClientPool()

@@ -1,0 +1,505 @@
+"""The simulated provider: routing, API keys, faults, rate limits, timing and ground truth.
+
+Routes, per provider slug:
+    POST /<slug>/v1/chat/completions     OpenAI Chat Completions (format = "openai")
+    POST /<slug>/v1/messages             Anthropic Messages (format = "anthropic")
+    GET  /<slug>/v1/models
+Ground truth and health (no auth):
+    GET /_sim/health    GET /_sim/stats    GET|POST /_sim/stats/reset
+    GET /_sim/requests/<x-sim-request-id>
+Times in ground truth are time.perf_counter() seconds (CLOCK_MONOTONIC on Linux, the same
+clock for every process on the host), taken right after each piece was handed to the transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import itertools
+import json
+import os
+import random
+import statistics
+import time
+from array import array
+from collections import OrderedDict, deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from simulator import generation
+from simulator.config import FAULTS, Config, Provider
+from simulator.server import Request, Responder
+from simulator.wire import (
+    ABORT,
+    ANSWER,
+    END,
+    FORMATS,
+    FRAME,
+    REASONING,
+    HttpError,
+    Step,
+    StreamContext,
+    WireFormat,
+)
+
+KEEP_TRUTHS = 10_000
+KEEP_LAGS = 2_000_000
+# Prompts longer than this are tokenized in a thread, off the event loop.
+TOKENIZE_INLINE_CHARS = 20_000
+# A timer may fire up to this early (uvloop timers have 1 ms resolution); earlier, it re-arms.
+EARLY_S = 0.0002
+_clock = time.perf_counter
+
+
+@dataclass
+class Truth:
+    """What the server did for one request, on the perf_counter clock (seconds)."""
+
+    id: str
+    provider: str
+    model: str
+    http_version: str
+    received_at: float
+    status: int = 200
+    stream: bool = False
+    headers_sent_at: float | None = None
+    first_token_at: float | None = None
+    first_answer_token_at: float | None = None
+    last_token_at: float | None = None
+    end_at: float | None = None
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    correct: bool | None = None
+    faults: list[str] = field(default_factory=list)
+    planned_ttft_ms: float | None = None
+    planned_tokens_per_s: float | None = None
+    token_times: array[float] = field(default_factory=lambda: array("d"))
+    send_lags_ms: array[float] = field(default_factory=lambda: array("d"))
+
+    def to_json(self) -> dict[str, Any]:
+        data = {k: v for k, v in self.__dict__.items() if not isinstance(v, array)}
+        data["token_times"] = self.token_times.tolist()
+        lags = self.send_lags_ms
+        data["send_lag_p50_ms"] = statistics.median(lags) if lags else None
+        data["send_lag_max_ms"] = max(lags) if lags else None
+        return data
+
+
+def _percentiles(values: list[float]) -> dict[str, float | int | None]:
+    values = sorted(values)
+
+    def pick(q: float) -> float | None:
+        return values[min(len(values) - 1, int(q * len(values)))] if values else None
+
+    return {
+        "count": len(values),
+        "p50": pick(0.5),
+        "p90": pick(0.9),
+        "p99": pick(0.99),
+        "max": values[-1] if values else None,
+    }
+
+
+class Player:
+    """Sends one stream's steps at their target times, driven by loop timers.
+
+    Callbacks rather than a coroutine per token: at 25k tokens/s an `await asyncio.sleep` per
+    token (a future, a task step) costs more than the send itself.
+    """
+
+    def __init__(
+        self, responder: Responder, steps: Iterator[Step], truth: Truth, lags: deque[float]
+    ) -> None:
+        self.responder = responder
+        self.steps = steps
+        self.truth = truth
+        self.lags = lags
+        self.loop = asyncio.get_running_loop()
+        self.done: asyncio.Future[None] = self.loop.create_future()
+        self.step: Step | None = None
+        self.handle: asyncio.TimerHandle | asyncio.Handle | None = None
+        responder.on_close(self._closed)
+
+    def start(self) -> None:
+        self.handle = self.loop.call_soon(self._run)
+
+    def _closed(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+        self._finish()
+
+    def _finish(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def _run(self) -> None:
+        self.handle = None
+        responder, truth = self.responder, self.truth
+        while not responder.closed:
+            if self.step is None:
+                self.step = next(self.steps, None)
+                if self.step is None:
+                    return self._end()
+            at, data, kind = self.step
+            if at is not None:
+                wait = at - _clock()
+                if wait > EARLY_S:
+                    self.handle = self.loop.call_later(wait, self._run)
+                    return None
+            self.step = None
+            if kind == FRAME:
+                responder.write(data)
+                continue
+            if kind >= END:
+                if kind == END:
+                    return self._end()
+                if kind == ABORT:
+                    truth.end_at = _clock()
+                    responder.abort()
+                return None  # STALL: send nothing more; done when the client leaves
+            sent = responder.write(data)
+            if at is not None:
+                lag_ms = (sent - at) * 1000.0
+                self.lags.append(lag_ms)
+                truth.send_lags_ms.append(lag_ms)
+            truth.token_times.append(sent)
+            if truth.first_token_at is None:
+                truth.first_token_at = sent
+            if kind == ANSWER:
+                if truth.first_answer_token_at is None:
+                    truth.first_answer_token_at = sent
+            else:
+                truth.reasoning_tokens += 1
+            truth.last_token_at = sent
+            truth.output_tokens += 1
+        return None
+
+    def _end(self) -> None:
+        self.responder.end()
+        self.truth.end_at = _clock()
+        self._finish()
+
+
+_ids = itertools.count(1)
+
+
+class SimulatorApp:
+    def __init__(self, config: Config, seed: int | None = None) -> None:
+        self.config = config
+        self.truths: OrderedDict[str, Truth] = OrderedDict()
+        self.caches = {
+            slug: generation.PromptCache(p.cache_ttl_s) for slug, p in config.providers.items()
+        }
+        self.limits = {
+            slug: generation.RateLimiter(p.requests_per_minute, p.tokens_per_minute)
+            for slug, p in config.providers.items()
+        }
+        self.rng = random.Random(seed)
+        self.lags_ms: deque[float] = deque(maxlen=KEEP_LAGS)
+        self.active_streams = 0
+        self.requests_served = 0
+        self.id_prefix = f"sim{os.getpid() % 100000}"
+
+    def warm_up(self) -> None:
+        generation.vocabulary()  # loads the tokenizer before the first request
+
+    # --- entry --------------------------------------------------------------------------
+
+    async def __call__(self, request: Request, responder: Responder) -> None:
+        path = request.path
+        if path.startswith("/_sim/"):
+            self._internal(request, responder)
+            return
+        slug, _, rest = path.strip("/").partition("/")
+        provider = self.config.providers.get(slug)
+        if provider is None:
+            self._json(responder, 404, {"error": {"message": f"no provider {slug!r}"}})
+            return
+        await self._provider(provider, "/" + rest, request, responder)
+
+    # --- plumbing -----------------------------------------------------------------------
+
+    @staticmethod
+    def _json(responder: Responder, status: int, data: Any) -> None:
+        responder.respond(status, [("content-type", "application/json")], json.dumps(data).encode())
+
+    def _internal(self, request: Request, responder: Responder) -> None:
+        path = request.path
+        if path == "/_sim/health":
+            self._json(responder, 200, {"status": "ok", "providers": list(self.config.providers)})
+        elif path == "/_sim/stats":
+            self._json(
+                responder,
+                200,
+                {
+                    "requests": self.requests_served,
+                    "active_streams": self.active_streams,
+                    "send_lag_ms": _percentiles(list(self.lags_ms)),
+                },
+            )
+        elif path == "/_sim/stats/reset":
+            self.lags_ms.clear()
+            self._json(responder, 200, {"status": "reset"})
+        elif path.startswith("/_sim/requests/"):
+            truth = self.truths.get(path.rsplit("/", 1)[1])
+            if truth is None:
+                self._json(responder, 404, {"error": "unknown request id"})
+            else:
+                self._json(responder, 200, truth.to_json())
+        else:
+            self._json(responder, 404, {"error": "not found"})
+
+    @staticmethod
+    def _decode(request: Request) -> dict[str, Any]:
+        body, headers = request.body, request.headers
+        try:
+            if headers.get("content-encoding", "").strip().lower() == "gzip":
+                body = gzip.decompress(body)
+            if "msgpack" in headers.get("content-type", ""):
+                data = msgpack.unpackb(body, raw=False)
+            else:
+                data = json.loads(body)
+        except (OSError, ValueError, EOFError, msgpack.ExtraData, msgpack.FormatError):
+            raise HttpError(400, "The request body is not valid JSON or msgpack.") from None
+        except msgpack.StackError:
+            raise HttpError(400, "The request body is nested too deeply.") from None
+        if not isinstance(data, dict):
+            raise HttpError(400, "The request body must be an object.")
+        return data
+
+    def _faults(self, provider: Provider, headers: dict[str, str]) -> frozenset[str]:
+        chosen = {name for name, p in provider.faults.items() if p and self.rng.random() < p}
+        forced = headers.get("x-sim-fault", "")
+        if provider.allow_fault_header and forced:
+            names = {f.strip() for f in forced.split(",") if f.strip()}
+            unknown = names - set(FAULTS)
+            if unknown:
+                raise HttpError(400, f"x-sim-fault: unknown faults {sorted(unknown)}")
+            chosen |= names
+        return frozenset(chosen)
+
+    def _remember(self, truth: Truth) -> None:
+        self.truths[truth.id] = truth
+        while len(self.truths) > KEEP_TRUTHS:
+            self.truths.popitem(last=False)
+
+    @staticmethod
+    def _limit_headers(
+        provider: Provider, left_requests: int, left_tokens: int, reset_s: float
+    ) -> list[tuple[str, str]]:
+        headers = [
+            ("x-ratelimit-limit-requests", str(provider.requests_per_minute or 1_000_000)),
+            ("x-ratelimit-limit-tokens", str(provider.tokens_per_minute or 1_000_000_000)),
+            ("x-ratelimit-remaining-requests", str(left_requests)),
+            ("x-ratelimit-remaining-tokens", str(left_tokens)),
+            ("x-ratelimit-reset-requests", f"{reset_s:.0f}s"),
+            ("x-ratelimit-reset-tokens", f"{reset_s:.0f}s"),
+        ]
+        if provider.format == "anthropic":
+            headers += [
+                ("anthropic-ratelimit-requests-remaining", str(left_requests)),
+                ("anthropic-ratelimit-tokens-remaining", str(left_tokens)),
+            ]
+        return headers
+
+    # --- provider endpoints -------------------------------------------------------------
+
+    async def _provider(
+        self, provider: Provider, path: str, request: Request, responder: Responder
+    ) -> None:
+        wire = FORMATS[provider.format]
+        self.requests_served += 1
+        truth = Truth(
+            id=f"{self.id_prefix}-{next(_ids)}",
+            provider=provider.slug,
+            model="",
+            http_version=request.http_version,
+            received_at=request.received_at,
+        )
+        headers = [("x-sim-request-id", truth.id), ("x-sim-label", "simulated")]
+        if provider.format == "anthropic":
+            headers.append(("request-id", truth.id))  # probes may read this one first
+        self._remember(truth)
+        try:
+            if wire.api_key(request.headers) not in provider.api_keys:
+                raise HttpError(401, "Incorrect API key provided.", code="invalid_api_key")
+            if path == "/v1/models" and request.method == "GET":
+                responder.respond(
+                    200,
+                    [("content-type", "application/json"), *headers],
+                    wire.models_body(provider),
+                )
+                return
+            if path != wire.path:
+                raise HttpError(404, f"Unknown request URL: {request.method} {path}")
+            if request.method != "POST":
+                raise HttpError(405, f"Method {request.method} not allowed on {path}")
+            await self._generate(provider, wire, request, responder, truth, headers)
+        except HttpError as err:
+            truth.status = err.status
+            truth.end_at = responder.respond(
+                err.status,
+                [("content-type", "application/json"), *headers, *err.headers],
+                wire.error_body(err),
+            )
+            truth.headers_sent_at = truth.end_at
+
+    async def _generate(
+        self,
+        provider: Provider,
+        wire: WireFormat,
+        request: Request,
+        responder: Responder,
+        truth: Truth,
+        headers: list[tuple[str, str]],
+    ) -> None:
+        body = self._decode(request)
+        faults = self._faults(provider, request.headers)
+        truth.faults = sorted(faults)
+        if "reject_stream_options" in faults and "stream_options" in body:
+            raise HttpError(400, "Unrecognized request argument supplied: stream_options")
+        model = body.get("model")
+        profile = provider.models.get(str(model))
+        if profile is None:
+            raise HttpError(
+                404, f"The model `{model}` does not exist or you do not have access to it.",
+                code="model_not_found",
+            )  # fmt: skip
+        truth.model = profile.id
+        if not isinstance(body.get("messages"), list) or not body["messages"]:
+            raise HttpError(400, "messages: a non-empty list is required.")
+        raw_max = body.get("max_tokens") or body.get("max_completion_tokens")
+        if raw_max is None and provider.format == "anthropic":
+            raise HttpError(400, "max_tokens: Field required")
+        try:
+            max_tokens = int(raw_max or 4096)
+        except (TypeError, ValueError):
+            raise HttpError(400, "max_tokens must be an integer.") from None
+        if max_tokens < 1:
+            raise HttpError(400, "max_tokens must be at least 1.")
+        prompt = wire.prompt_text(body)
+        if len(prompt) > TOKENIZE_INLINE_CHARS:
+            loop = asyncio.get_running_loop()
+            tokens = await loop.run_in_executor(None, generation.prompt_tokens, prompt)
+        else:
+            tokens = generation.prompt_tokens(prompt)
+        truth.input_tokens = len(tokens)
+
+        limiter = self.limits[provider.slug]
+        allowed, left_requests, left_tokens, retry_after_s = limiter.check(len(tokens) + max_tokens)
+        if "http_429" in faults:
+            allowed, retry_after_s = False, max(retry_after_s, 1.0)
+        # Extends the caller's list: a 429 raised below carries these headers too.
+        headers.extend(self._limit_headers(provider, left_requests, left_tokens, retry_after_s))
+        if not allowed:
+            raise HttpError(
+                429,
+                "Rate limit reached for requests. Please try again later.",
+                code="rate_limit_exceeded",
+                headers=[("retry-after", f"{max(1, round(retry_after_s))}")],
+            )
+        if "http_500" in faults:
+            raise HttpError(500, "The server had an error while processing your request.")
+        if "http_503" in faults:
+            raise HttpError(503, "The engine is currently overloaded, please try again later.")
+
+        seed = request.headers.get("x-sim-seed", "").strip()
+        rng = random.Random(int(seed)) if seed.lstrip("-").isdigit() else self.rng
+        cached = self.caches[provider.slug].lookup_and_store(profile.id, tokens)
+        plan = generation.plan(profile, prompt, max_tokens, cached, len(tokens), rng)
+        truth.cached_tokens = cached
+        truth.correct = plan.correct
+        truth.planned_ttft_ms = plan.ttft_s * 1000
+        truth.planned_tokens_per_s = plan.decode_tokens_per_s
+        truth.stream = bool(body.get("stream"))
+        ctx = StreamContext(
+            plan=plan,
+            request_id=truth.id,
+            model=profile.id,
+            base_at=truth.received_at,
+            include_usage=bool((body.get("stream_options") or {}).get("include_usage")),
+            faults=faults,
+        )
+        if "stall_headers" in faults:
+            await responder.wait_closed()
+            return
+        if provider.headers_after_queue:
+            await asyncio.sleep(max(0.0, truth.received_at + plan.queue_s - _clock()))
+        if truth.stream:
+            self.active_streams += 1
+            try:
+                await self._stream(wire, ctx, responder, truth, headers)
+            finally:
+                self.active_streams -= 1
+        else:
+            await self._whole(wire, ctx, responder, truth, headers)
+
+    async def _whole(
+        self,
+        wire: WireFormat,
+        ctx: StreamContext,
+        responder: Responder,
+        truth: Truth,
+        headers: list[tuple[str, str]],
+    ) -> None:
+        plan = ctx.plan
+        await asyncio.sleep(max(0.0, truth.received_at + plan.offsets_s[-1] - _clock()))
+        body = wire.whole_body(ctx)
+        truth.headers_sent_at = responder.start(
+            200, [("content-type", "application/json"), *headers], len(body)
+        )
+        sent = responder.write(body)
+        truth.end_at = responder.end()
+        # The whole answer arrives at once: every token time is the body's send time.
+        truth.first_token_at = truth.last_token_at = sent
+        truth.first_answer_token_at = sent
+        truth.output_tokens = plan.output_tokens
+        truth.reasoning_tokens = len(plan.reasoning)
+
+    async def _stream(
+        self,
+        wire: WireFormat,
+        ctx: StreamContext,
+        responder: Responder,
+        truth: Truth,
+        headers: list[tuple[str, str]],
+    ) -> None:
+        sse_headers = [
+            ("content-type", "text/event-stream; charset=utf-8"),
+            ("cache-control", "no-cache"),
+            *headers,
+        ]
+        truth.headers_sent_at = responder.start(200, sse_headers)
+        faults = ctx.faults
+        if "trickle" in faults:
+            while not responder.closed:
+                await asyncio.sleep(0.1)
+                responder.write(b": keep-alive\n\n")
+            return
+        try:
+            if "huge_line" in faults:
+                responder.write(b"data: ")
+                piece = b"x" * (1024 * 1024)
+                for _ in range(50):
+                    responder.write(piece)
+                    await responder.drain()
+                await responder.wait_closed()
+                return
+            if "huge_response" in faults:
+                chunk = wire.huge_chunk()
+                while True:
+                    responder.write(chunk)
+                    await responder.drain()
+        except ConnectionError:
+            return
+        player = Player(responder, wire.steps(ctx), truth, self.lags_ms)
+        player.start()
+        await player.done
+
+
+__all__ = ["FRAME", "REASONING", "SimulatorApp", "Truth"]

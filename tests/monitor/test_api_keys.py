@@ -1,0 +1,150 @@
+"""Provider API keys: write-only in admin, encrypted at rest, rotatable, never logged."""
+
+from __future__ import annotations
+
+import io
+import logging
+from typing import Any
+
+import pytest
+from cryptography.fernet import Fernet
+from django.core.management import call_command
+from django.db import connection
+from django.test import Client
+from django.urls import reverse
+
+from monitor.crypto import ApiKeyDecryptionError
+from monitor.logfilters import RedactSecrets
+from monitor.models import Provider
+
+CANARY = "sk-canary-4f1d9a7b2c3e8d6f0a1b"
+
+
+def _provider_form(**overrides: str) -> dict[str, str]:
+    data = {
+        "name": "Canary Cloud",
+        "slug": "canary-cloud",
+        "base_url": "http://127.0.0.1:9/v1",
+        "wire_format": "openai",
+        "api_key": CANARY,
+        "extra_headers": "{}",
+        "body_encoding": "json",
+        "is_active": "on",
+    }
+    data.update(overrides)
+    return data
+
+
+def _raw_column(provider_id: int) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT api_key_encrypted FROM monitor_provider WHERE id = %s", [provider_id]
+        )
+        return str(cursor.fetchone()[0])
+
+
+def test_a_typed_key_never_comes_back_and_is_never_logged(
+    admin_client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    add = admin_client.post(reverse("admin:monitor_provider_add"), _provider_form(), follow=True)
+    assert add.status_code == 200
+    provider = Provider.objects.get(slug="canary-cloud")
+    pages = [
+        add,
+        admin_client.get(reverse("admin:monitor_provider_change", args=[provider.pk])),
+        admin_client.get(reverse("admin:monitor_provider_changelist")),
+        admin_client.get(reverse("admin:monitor_provider_history", args=[provider.pk])),
+        # A form error re-renders the page with the posted data: the key must not come back.
+        admin_client.post(
+            reverse("admin:monitor_provider_change", args=[provider.pk]),
+            _provider_form(base_url="ftp://nope", api_key=CANARY + "-new"),
+        ),
+    ]
+    for page in pages:
+        assert page.status_code == 200
+        assert CANARY.encode() not in page.content
+    assert CANARY not in caplog.text
+    assert provider.get_api_key() == CANARY
+
+
+def test_log_output_never_holds_a_decrypted_key(db: None) -> None:
+    provider = Provider(name="P", slug="p", base_url="https://x.example/v1")
+    provider.set_api_key(CANARY)
+    provider.save()
+    key = Provider.objects.get(pk=provider.pk).get_api_key()
+    # The console handler configured by settings.LOGGING, with its redaction filter.
+    handler: logging.StreamHandler[Any] = next(
+        h
+        for h in logging.getLogger().handlers
+        if isinstance(h, logging.StreamHandler)
+        and any(isinstance(f, RedactSecrets) for f in h.filters)
+    )
+    buffer = io.StringIO()
+    previous = handler.setStream(buffer)
+    try:
+        logging.getLogger("monitor.test").error("request failed for key %s", key)
+        logging.getLogger("monitor.test").error(
+            "headers: {'Authorization': 'Bearer %s'}", "tok-" + "z" * 20
+        )
+        try:
+            raise RuntimeError(f"provider said no to {key}")
+        except RuntimeError:
+            logging.getLogger("monitor.test").exception("probe failed")
+    finally:
+        handler.setStream(previous)
+    output = buffer.getvalue()
+    assert "request failed for key [redacted]" in output
+    assert "probe failed" in output
+    assert CANARY not in output
+    assert "z" * 20 not in output
+
+
+def test_the_database_column_holds_no_plaintext(admin_client: Client) -> None:
+    admin_client.post(reverse("admin:monitor_provider_add"), _provider_form())
+    provider = Provider.objects.get(slug="canary-cloud")
+    raw = _raw_column(provider.pk)
+    assert raw
+    assert CANARY not in raw
+    assert "canary" not in raw
+
+
+def test_a_blank_key_field_keeps_the_stored_key_and_clear_removes_it(admin_client: Client) -> None:
+    admin_client.post(reverse("admin:monitor_provider_add"), _provider_form())
+    provider = Provider.objects.get(slug="canary-cloud")
+    url = reverse("admin:monitor_provider_change", args=[provider.pk])
+    admin_client.post(url, _provider_form(api_key="", name="Renamed"))
+    provider.refresh_from_db()
+    assert provider.name == "Renamed"
+    assert provider.get_api_key() == CANARY
+    admin_client.post(url, _provider_form(api_key="", clear_api_key="on"))
+    provider.refresh_from_db()
+    assert not provider.has_api_key
+
+
+def test_decrypting_with_a_wrong_key_raises(db: None, settings) -> None:
+    provider = Provider(name="P", slug="p", base_url="https://x.example/v1")
+    provider.set_api_key(CANARY)
+    provider.save()
+    settings.FIELD_ENCRYPTION_KEYS = [Fernet.generate_key().decode()]
+    provider.refresh_from_db()
+    with pytest.raises(ApiKeyDecryptionError):
+        provider.get_api_key()
+
+
+def test_rotation_keeps_old_keys_readable_and_moves_to_the_new_key(db: None, settings) -> None:
+    old_key = settings.FIELD_ENCRYPTION_KEYS[0]
+    provider = Provider(name="P", slug="p", base_url="https://x.example/v1")
+    provider.set_api_key(CANARY)
+    provider.save()
+    new_key = Fernet.generate_key().decode()
+    settings.FIELD_ENCRYPTION_KEYS = [new_key, old_key]
+    provider.refresh_from_db()
+    assert provider.get_api_key() == CANARY  # old ciphertext still opens
+    before = provider.api_key_encrypted
+    call_command("rotate_api_keys")
+    provider.refresh_from_db()
+    assert provider.api_key_encrypted != before
+    settings.FIELD_ENCRYPTION_KEYS = [new_key]  # the old key is gone now
+    provider.refresh_from_db()
+    assert provider.get_api_key() == CANARY

@@ -1,0 +1,136 @@
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+
+from monitor import hist, ingest, rollups
+from monitor.models import GRAIN_DAY, GRAIN_HOUR, ProbeResult, ProbeSlot, Rollup
+from tests.monitor import factories as f
+
+T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def setup(db: None):
+    p = f.provider()
+    r1, r2 = f.route(p, "m1"), f.route(p, "m2")
+    eu, us = f.region("eu-west"), f.region("us-east")
+    t = f.task("qa", [r1, r2], [eu, us], min_pass_rate=0.5)
+    return t, r1, r2, eu, us
+
+
+def test_a_result_is_written_once_even_when_delivered_twice(setup) -> None:
+    t, r1, _, eu, _ = setup
+    batch = [f.payload(t, r1, eu, T0)]
+    assert ingest.ingest(batch) == 1
+    assert ingest.ingest(batch) == 0
+    assert ProbeResult.objects.count() == 1
+    hour = Rollup.objects.get(grain=GRAIN_HOUR, region=eu)
+    assert hour.count_ok == 1  # the duplicate did not count twice
+
+
+def test_cost_comes_from_route_prices(setup) -> None:
+    t, r1, _, eu, _ = setup
+    ingest.ingest([f.payload(t, r1, eu, T0)])
+    # 1000 input at $1/M + 200 output at $2/M
+    assert ProbeResult.objects.get().cost_usd == Decimal("0.001400")
+
+
+def test_rollups_hold_counts_histograms_and_merged_regions(setup) -> None:
+    t, r1, _, eu, us = setup
+    payloads = [
+        f.payload(t, r1, eu, T0 + timedelta(minutes=i), ttft_ms=100.0 + i) for i in range(40)
+    ]
+    payloads += [f.payload(t, r1, us, T0 + timedelta(minutes=i), ttft_ms=300.0) for i in range(10)]
+    payloads.append(
+        f.payload(t, r1, eu, T0 + timedelta(minutes=50), outcome="error", error_kind="http_5xx")
+    )
+    ingest.ingest(payloads[:25])
+    ingest.ingest(payloads[25:])  # a second batch adds to the same rows
+    eu_hour = Rollup.objects.get(grain=GRAIN_HOUR, region=eu, route=r1)
+    assert (eu_hour.count_ok, eu_hour.count_error) == (40, 1)
+    assert eu_hour.error_kinds == {"http_5xx": 1}
+    all_hour = Rollup.objects.get(grain=GRAIN_HOUR, region__isnull=True, route=r1)
+    assert all_hour.count_ok == 50
+    assert hist.total(all_hour.ttft_hist) == 50
+    day = Rollup.objects.get(grain=GRAIN_DAY, region__isnull=True, route=r1)
+    assert day.count == 51
+    stats = rollups.Stats()
+    stats.add_row(eu_hour)
+    exact_p50 = sorted(100.0 + i for i in range(40))[19]
+    assert stats.ttft_ms(50) == pytest.approx(exact_p50, rel=0.03)
+    assert stats.ttft_ms(99) is None  # 40 samples are too few for a p99
+    assert stats.error_rate == pytest.approx(1 / 41)
+
+
+def test_cache_hit_rate_tells_not_reported_from_zero(setup) -> None:
+    t, r1, r2, eu, _ = setup
+    ingest.ingest([f.payload(t, r1, eu, T0, cached_tokens=0), f.payload(t, r2, eu, T0)])
+    reported = rollups.Stats()
+    reported.add_row(Rollup.objects.get(grain=GRAIN_HOUR, region=eu, route=r1))
+    unreported = rollups.Stats()
+    unreported.add_row(Rollup.objects.get(grain=GRAIN_HOUR, region=eu, route=r2))
+    assert reported.cache_hit_rate == 0.0
+    assert unreported.cache_hit_rate is None
+
+
+def test_an_overdue_slot_is_recorded_missed_once(setup) -> None:
+    t, r1, _, eu, _ = setup
+    ProbeSlot.objects.create(
+        task=t, route=r1, region=eu, slot_at=T0, deadline_at=T0 + timedelta(minutes=4)
+    )
+    assert ingest.sweep_missed(now=T0 + timedelta(minutes=3)) == 0
+    assert ingest.sweep_missed(now=T0 + timedelta(minutes=5)) == 1
+    assert ingest.sweep_missed(now=T0 + timedelta(minutes=6)) == 0
+    missed = ProbeResult.objects.get()
+    assert (missed.outcome, missed.error_kind) == ("missed", "missed")
+    assert ProbeSlot.objects.get().status == "missed"
+    # The real result arriving late changes nothing: the slot already has its one row.
+    assert ingest.ingest([f.payload(t, r1, eu, T0)]) == 0
+    assert Rollup.objects.get(grain=GRAIN_HOUR, region=eu).count_missed == 1
+
+
+def test_a_result_closes_its_slot(setup) -> None:
+    t, r1, _, eu, _ = setup
+    ProbeSlot.objects.create(
+        task=t, route=r1, region=eu, slot_at=T0, deadline_at=T0 + timedelta(minutes=4)
+    )
+    ingest.ingest([f.payload(t, r1, eu, T0)])
+    assert ProbeSlot.objects.get().status == "done"
+    assert ingest.sweep_missed(now=T0 + timedelta(hours=1)) == 0
+
+
+def test_retention_deletes_old_raw_rows_and_keeps_rollups(setup) -> None:
+    t, r1, _, eu, _ = setup
+    old = datetime.now(UTC) - timedelta(days=100)
+    ingest.ingest([f.payload(t, r1, eu, old), f.payload(t, r1, eu, datetime.now(UTC))])
+    assert ingest.delete_old_results(days=90) == 1
+    assert ProbeResult.objects.count() == 1
+    assert Rollup.objects.filter(bucket_start__lt=old + timedelta(days=1)).exists()
+
+
+def test_the_sql_merge_of_histograms_matches_the_python_one(db: None) -> None:
+    from django.db import connection
+
+    a = hist.build([1.0, 5.0, 5.1, 900.0], hist.MS)
+    b = hist.build([5.05, 900.0, 70_000.0], hist.MS)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT rw_pairs_add(%s::int[], %s::int[]), rw_pairs_add('{}', '{}')", [a, b]
+        )
+        merged, empty = cursor.fetchone()
+    assert merged == hist.merge([a, b])
+    assert empty == []
+
+
+def test_histogram_percentiles_track_exact_ones() -> None:
+    values = [10 * 1.01**i for i in range(1000)]
+    h = hist.build(values, hist.MS)
+    exact = sorted(values)
+    for q in (50, 95, 99):
+        assert hist.percentile(h, q, hist.MS) == pytest.approx(
+            exact[int(q / 100 * 1000) - 1], rel=0.03
+        )
+    assert hist.percentile(hist.build(values[:3], hist.MS), 50, hist.MS) is None

@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+
+from monitor import ingest, scheduling
+from monitor.models import ProbeSlot
+from tests.monitor import factories as f
+
+NOW = datetime(2026, 11, 2, 10, 0, 30, tzinfo=UTC)
+
+
+@pytest.fixture
+def world(db: None):
+    p = f.provider()
+    routes = [f.route(p, f"m{i}") for i in range(3)]
+    regions = [f.region(s) for s in ("eu-west", "us-east")]
+    t = f.task("qa", routes, regions, probe_interval_s=60)
+    return t, routes, regions
+
+
+def test_each_slot_is_claimed_once_even_by_two_schedulers(world) -> None:
+    slots = scheduling.due_slots(NOW)
+    assert len(slots) == 6
+    first = scheduling.claim(slots)
+    second = scheduling.claim(scheduling.due_slots(NOW))
+    assert len(first) == 6
+    assert second == []
+    assert ProbeSlot.objects.count() == 6
+
+
+def test_starts_are_spread_across_the_interval(world) -> None:
+    slots = scheduling.due_slots(NOW)
+    offsets = {s.slot_at.second + s.slot_at.microsecond / 1e6 for s in slots}
+    assert len(offsets) == 6  # six different phases, not one burst
+
+
+def test_frequent_ticks_make_exactly_one_slot_per_interval(world) -> None:
+    for second in range(0, 61, 5):
+        scheduling.claim(scheduling.due_slots(NOW + timedelta(seconds=second)))
+    # By NOW+60 every (task, route, region) has its slot of this interval and of the next one.
+    assert ProbeSlot.objects.count() == 12
+    for key in {(s.task_id, s.route_id, s.region_id) for s in ProbeSlot.objects.all()}:
+        times = sorted(
+            ProbeSlot.objects.filter(task_id=key[0], route_id=key[1], region_id=key[2]).values_list(
+                "slot_at", flat=True
+            )
+        )
+        assert times[1] - times[0] == timedelta(seconds=60)
+
+
+def test_slots_skipped_while_the_scheduler_was_down_become_missed(world) -> None:
+    scheduling.claim(scheduling.due_slots(NOW))
+    later = NOW + timedelta(minutes=10)
+    caught_up = scheduling.claim(scheduling.due_slots(later))
+    assert len(caught_up) == 6 * 10
+    ingest.sweep_missed(now=later + timedelta(minutes=5))
+    assert ProbeSlot.objects.filter(status="missed").count() >= 6 * 8
+
+
+def test_a_spend_cap_stops_probing_a_route(world) -> None:
+    t, routes, _ = world
+    t.monthly_spend_cap_usd = Decimal("0.01")
+    t.save()
+    assert not scheduling.spend_capped(t, routes[0], Decimal("0"))
+    assert scheduling.spend_capped(t, routes[0], Decimal("0.01"))
+    # A month of spend in the rollups: the scheduler skips the task's routes.
+    ingest.ingest(
+        [f.payload(t, routes[0], t.regions.first(), NOW - timedelta(minutes=i)) for i in range(10)]
+    )
+    assert scheduling.due_slots(NOW) == []
+
+
+def test_a_probe_message_carries_no_plaintext_key(world) -> None:
+    t, routes, regions = world
+    slot = scheduling.Slot(t, routes[0], regions[0], NOW)
+    message = scheduling.probe_message(slot, [])
+    assert "secret" not in str(message)
+    assert message["provider"]["api_key_token"]
+    assert message["slot"]["slot_at"] == NOW.isoformat()

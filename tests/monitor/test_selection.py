@@ -1,0 +1,100 @@
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from monitor import ingest, rollups, selection
+from monitor.models import GRAIN_HOUR
+from tests.monitor import factories as f
+
+T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
+
+
+def _feed(t, r, g, n, *, e2e_ms, passed):
+    ingest.ingest(
+        [
+            f.payload(t, r, g, T0 + timedelta(seconds=i), e2e_ms=e2e_ms, quality_pass=i < passed)
+            for i in range(n)
+        ]
+    )
+
+
+def _choose(t, g):
+    qs = rollups.rows(since=T0, until=T0 + timedelta(hours=1), grain=GRAIN_HOUR)
+    latency = {
+        k[0]: s for k, s in rollups.stats_by(qs.filter(task=t, region=g), ["route_id"]).items()
+    }
+    all_qs = rollups.rows(
+        since=T0, until=T0 + timedelta(hours=1), grain=GRAIN_HOUR, all_regions=True
+    )
+    quality = {k[0]: s for k, s in rollups.stats_by(all_qs.filter(task=t), ["route_id"]).items()}
+    return selection.choose(t, list(t.routes.order_by("pk")), latency, quality)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def world(db: None):
+    p = f.provider()
+    fast, slow, sloppy = f.route(p, "fast"), f.route(p, "slow"), f.route(p, "sloppy")
+    eu = f.region("eu-west")
+    t = f.task("qa", [fast, slow, sloppy], [eu], min_pass_rate=0.8)
+    return t, fast, slow, sloppy, eu
+
+
+def test_the_fastest_route_above_the_bar_wins(world) -> None:
+    t, fast, slow, sloppy, eu = world
+    _feed(t, fast, eu, 20, e2e_ms=1000, passed=18)
+    _feed(t, slow, eu, 20, e2e_ms=5000, passed=20)
+    _feed(t, sloppy, eu, 20, e2e_ms=200, passed=5)  # fastest of all, fails the bar
+    choice = _choose(t, eu)
+    assert choice.winner is not None
+    assert choice.winner.route == fast
+    by_route = {c.route: c for c in choice.candidates}
+    assert by_route[sloppy].reason == selection.REASON_QUALITY
+    assert [c.route for c in choice.candidates] == [fast, slow, sloppy]
+
+
+def test_too_few_graded_probes_do_not_qualify(world) -> None:
+    t, fast, slow, _, eu = world
+    _feed(t, fast, eu, 5, e2e_ms=1000, passed=5)
+    _feed(t, slow, eu, 20, e2e_ms=5000, passed=20)
+    choice = _choose(t, eu)
+    assert choice.winner is not None
+    assert choice.winner.route == slow
+    assert {c.route: c.reason for c in choice.candidates}[fast] == selection.REASON_UNGRADED
+
+
+def test_a_tie_goes_to_the_lower_p95_then_the_cheaper_route(world) -> None:
+    t, fast, slow, _, eu = world
+    t.min_pass_rate = None
+    t.save()
+    slow.price_output_per_mtok = 0
+    slow.save()
+    _feed(t, fast, eu, 20, e2e_ms=1000, passed=0)
+    _feed(t, slow, eu, 20, e2e_ms=1000, passed=0)
+    choice = _choose(t, eu)
+    assert choice.winner is not None
+    assert choice.winner.route == slow
+
+
+def test_no_qualifying_route_says_why(world) -> None:
+    t, fast, _, _, eu = world
+    _feed(t, fast, eu, 20, e2e_ms=1000, passed=1)
+    choice = _choose(t, eu)
+    assert choice.winner is None
+    assert choice.reason == "no route meets the quality bar with enough samples"
+    assert selection.choose(t, [], {}, {}).reason == "no candidate routes"
+
+
+def test_an_external_quality_index_bar(world) -> None:
+    t, fast, slow, _, eu = world
+    t.min_pass_rate, t.min_quality_index = None, 50
+    t.save()
+    fast.quality_index, slow.quality_index = 40, 60
+    fast.save()
+    slow.save()
+    _feed(t, fast, eu, 20, e2e_ms=1000, passed=0)
+    _feed(t, slow, eu, 20, e2e_ms=5000, passed=0)
+    choice = _choose(t, eu)
+    assert choice.winner is not None
+    assert choice.winner.route == slow

@@ -1,0 +1,150 @@
+"""The TOML config, the demo's profiles against the seeds' figures, and the command line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from simulator.config import ConfigError, Profile, load, parse
+from simulator.testing import CONFIGS, ROOT, SimulatorProcess
+
+DEMO = load(CONFIGS / "demo.toml")
+
+
+def _model(provider: str, model: str) -> Profile:
+    return DEMO.providers[provider].models[model]
+
+
+def _ttft_s(provider: str, model: str, input_tokens: int, answer: bool = False) -> float:
+    p = _model(provider, model)
+    ttft = p.queue_ms / 1000 + input_tokens / p.prefill_tokens_per_s
+    return ttft + (p.reasoning_tokens / p.decode_tokens_per_s if answer else 0.0)
+
+
+def test_the_demo_routes_are_labelled_simulated() -> None:
+    for provider in DEMO.providers.values():
+        assert provider.name.endswith("(simulated)")
+        assert not provider.allow_fault_header
+        for profile in provider.models.values():
+            assert profile.label == "simulated"
+
+
+def test_the_demo_matches_the_seeds_reference_routes() -> None:
+    # Wafer-scale: TTFT 1.62 s at 10k input tokens, 1,823 tok/s.
+    assert _ttft_s("waferscale", "wafer-llama-70b", 10_000) == pytest.approx(1.62, rel=0.05)
+    assert _model("waferscale", "wafer-llama-70b").decode_tokens_per_s == pytest.approx(
+        1823, rel=0.02
+    )
+    # Frontier reasoning: first answer token after ~75 s at 10k input tokens, 60 tok/s.
+    assert _ttft_s("frontier", "frontier-reasoner", 10_000, answer=True) == pytest.approx(
+        75.1, rel=0.05
+    )
+    assert _model("frontier", "frontier-reasoner").decode_tokens_per_s == 60
+    mids = [_model("midcloud", m).decode_tokens_per_s for m in DEMO.providers["midcloud"].models]
+    assert all(100 <= rate <= 220 for rate in mids)
+    cheap = _model("budget", "tiny-1b")
+    assert cheap.quality < 0.5
+    assert cheap.price_output_per_mtok == min(
+        m.price_output_per_mtok for p in DEMO.providers.values() for m in p.models.values()
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw", "error"),
+    [
+        ({}, r"no \[\[providers\]\]"),
+        ({"providers": [{"slug": "x", "format": "grpc"}]}, "format"),
+        ({"providers": [{"slug": "x", "format": "openai", "colour": 1}]}, "colour"),
+        (
+            {"providers": [{"slug": "x", "format": "openai", "faults": {"gremlins": 0.1}}]},
+            "gremlins",
+        ),
+        ({"providers": [{"slug": "x", "format": "openai", "faults": {"http_500": 2}}]}, "between"),
+        (
+            {"providers": [{"slug": "x", "format": "openai", "models": [{"id": "m", "speed": 1}]}]},
+            "speed",
+        ),
+        ({"providers": [{"slug": "x", "format": "openai", "models": [{"quality": 0.5}]}]}, "id"),
+        (
+            {
+                "providers": [
+                    {
+                        "slug": "x",
+                        "format": "openai",
+                        "models": [{"id": "m", "decode_tokens_per_s": 0}],
+                    }
+                ]
+            },
+            "positive",
+        ),
+    ],
+)
+def test_bad_configs_are_refused_with_a_reason(raw: dict, error: str) -> None:
+    with pytest.raises(ConfigError, match=error):
+        parse(raw)
+
+
+def test_a_single_api_key_is_accepted() -> None:
+    config = parse({"providers": [{"slug": "x", "format": "openai", "api_key": "sk-1"}]})
+    assert config.providers["x"].api_keys == ("sk-1",)
+
+
+def test_the_cli_refuses_a_broken_config(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[[providers]]\nslug = 'x'\nformat = 'soap'\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "simulator", "--config", str(broken), "--port", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "format must be openai or anthropic" in done.stderr
+
+
+def test_the_demo_config_serves() -> None:
+    with SimulatorProcess(CONFIGS / "demo.toml", seed=1) as demo:
+        models = httpx.get(
+            f"{demo.base_url}/frontier/v1/models", headers={"x-api-key": "sk-sim-frontier-demo-key"}
+        ).json()
+        assert [m["id"] for m in models["data"]] == ["frontier-reasoner", "frontier-sonnet"]
+        # Demo providers ignore x-sim-fault: faults there come from configured probabilities.
+        response = httpx.post(
+            f"{demo.base_url}/waferscale/v1/chat/completions",
+            json={
+                "model": "wafer-llama-70b",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 3,
+            },
+            headers={
+                "authorization": "Bearer sk-sim-waferscale-demo-key",
+                "x-sim-fault": "http_500",
+            },
+        )
+        assert response.status_code == 200
+
+
+def test_token_rate_limits(sim: SimulatorProcess) -> None:
+    url = f"{sim.base_url}/tokenlimited/v1/messages"
+    headers = {"x-api-key": "sk-test-tokenlimited-0123456789"}
+    body = {"model": "tiny", "max_tokens": 600, "messages": [{"role": "user", "content": "hi"}]}
+    first = httpx.post(url, json=body, headers=headers)
+    assert first.status_code == 200
+    assert int(first.headers["x-ratelimit-remaining-tokens"]) < 400
+    second = httpx.post(url, json=body, headers=headers)
+    assert second.status_code == 429
+    assert second.json()["error"]["type"] == "rate_limit_error"
+    assert int(second.headers["retry-after"]) >= 1
+
+
+def test_the_simulator_does_not_import_django() -> None:
+    code = (
+        "import sys, simulator.__main__, simulator.app, simulator.testing, simulator.tasks\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] == 'django'], 'django imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)

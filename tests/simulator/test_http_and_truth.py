@@ -1,0 +1,199 @@
+"""HTTP versions, connection reuse, and the ground truth a client on the same host can compare."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import time
+
+import anthropic
+import httpx
+import httpx2
+import msgpack
+import openai
+import pytest
+
+from simulator.testing import SimulatorProcess
+from tests.sim_fixtures import ANTHROPIC_KEY, OPENAI_KEY
+
+
+def test_h2c_with_prior_knowledge_and_http11_on_the_same_port(sim: SimulatorProcess) -> None:
+    url = f"{sim.base_url}/fastchip/v1/models"
+    headers = {"authorization": f"Bearer {OPENAI_KEY}"}
+    with httpx.Client(http1=False, http2=True) as client:
+        response = client.get(url, headers=headers)
+        assert response.http_version == "HTTP/2"
+        assert [m["id"] for m in response.json()["data"]] == [
+            "fast-small",
+            "mid-think",
+            "slow-large",
+        ]
+    assert httpx.get(url, headers=headers).http_version == "HTTP/1.1"
+
+
+def test_alpn_offers_http2_only_when_asked(
+    tls_sim: SimulatorProcess, http1_only_sim: SimulatorProcess
+) -> None:
+    headers = {"authorization": f"Bearer {OPENAI_KEY}"}
+    with httpx.Client(http2=True, verify=http1_only_sim.ssl_context()) as client:
+        response = client.get(f"{http1_only_sim.base_url}/fastchip/v1/models", headers=headers)
+        assert response.http_version == "HTTP/1.1"
+    with httpx.Client(http2=True, verify=tls_sim.ssl_context()) as client:
+        response = client.get(f"{tls_sim.base_url}/fastchip/v1/models", headers=headers)
+        assert response.http_version == "HTTP/2"
+
+
+def test_the_sdks_stream_over_http2_with_many_streams_on_one_connection(
+    tls_sim: SimulatorProcess,
+) -> None:
+    async def scenario() -> tuple[list[str], list[int], list[str]]:
+        # The SDKs are built on httpx2 (httpx's successor package), not httpx.
+        http = httpx2.AsyncClient(http2=True, verify=tls_sim.ssl_context())
+        oa = openai.AsyncOpenAI(
+            base_url=f"{tls_sim.base_url}/fastchip/v1", api_key=OPENAI_KEY, http_client=http
+        )
+        an = anthropic.AsyncAnthropic(
+            base_url=f"{tls_sim.base_url}/claudish", api_key=ANTHROPIC_KEY, http_client=http
+        )
+
+        async def one_openai(i: int) -> tuple[str, str]:
+            response = await oa.chat.completions.with_raw_response.create(
+                model="fast-small",
+                messages=[{"role": "user", "content": f"What is {i} * 3?"}],
+                stream=True,
+                stream_options={"include_usage": True},
+                max_tokens=30,
+            )
+            usage = 0
+            async for chunk in response.parse():
+                if chunk.usage:
+                    usage = chunk.usage.completion_tokens
+            assert usage == 30
+            return response.http_response.http_version, response.headers["x-sim-request-id"]
+
+        async def one_anthropic() -> int:
+            async with an.messages.stream(
+                model="claudish-think", max_tokens=30, messages=[{"role": "user", "content": "hi"}]
+            ) as stream:
+                message = await stream.get_final_message()
+            return message.usage.output_tokens
+
+        results = await asyncio.gather(*(one_openai(i) for i in range(20)))
+        tokens = await asyncio.gather(*(one_anthropic() for _ in range(5)))
+        await http.aclose()
+        return [v for v, _ in results], tokens, [r for _, r in results]
+
+    versions, tokens, ids = asyncio.run(scenario())
+    assert set(versions) == {"HTTP/2"}
+    assert tokens == [45] * 5  # 15 reasoning + 30 answer tokens
+    truth = httpx.get(f"{tls_sim.base_url}/_sim/requests/{ids[0]}", verify=tls_sim.ssl_context())
+    assert truth.json()["http_version"] == "2"
+
+
+def test_keep_alive_serves_many_requests_on_one_connection(sim: SimulatorProcess) -> None:
+    with httpx.Client() as client:
+        ports = set()
+        for _ in range(5):
+            response = client.post(
+                f"{sim.base_url}/fastchip/v1/chat/completions",
+                json={
+                    "model": "fast-small",
+                    "messages": [{"role": "user", "content": "x"}],
+                    "max_tokens": 3,
+                    "stream": True,
+                },
+                headers={"authorization": f"Bearer {OPENAI_KEY}"},
+                extensions={"trace": lambda name, info: ports.add(name)},
+            )
+            assert response.text.endswith("data: [DONE]\n\n")
+    assert sum(name == "connection.connect_tcp.complete" for name in ports) <= 1
+
+
+def test_ground_truth_is_on_the_clients_clock(sim: SimulatorProcess) -> None:
+    body = {
+        "model": "mid-think",
+        "messages": [{"role": "user", "content": "What is 12 * 12?"}],
+        "max_tokens": 100,
+        "stream": True,
+    }
+    t0 = time.perf_counter()
+    arrivals = []
+    with httpx.stream(
+        "POST",
+        f"{sim.base_url}/fastchip/v1/chat/completions",
+        json=body,
+        headers={"authorization": f"Bearer {OPENAI_KEY}"},
+    ) as response:
+        headers_at = time.perf_counter()
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                delta = json.loads(line[6:])["choices"][0]["delta"]
+                if delta.get("content") or delta.get("reasoning_content"):
+                    arrivals.append(time.perf_counter())
+        request_id = response.headers["x-sim-request-id"]
+    truth = httpx.get(f"{sim.base_url}/_sim/requests/{request_id}").json()
+    assert t0 < truth["received_at"] <= truth["headers_sent_at"] <= headers_at
+    assert truth["headers_sent_at"] < truth["first_token_at"] < truth["first_answer_token_at"]
+    assert truth["first_answer_token_at"] <= truth["last_token_at"] <= truth["end_at"]
+    assert truth["output_tokens"] == len(truth["token_times"]) == len(arrivals) == 60
+    assert truth["reasoning_tokens"] == 20
+    assert truth["token_times"][0] == truth["first_token_at"]
+    assert truth["token_times"][20] == truth["first_answer_token_at"]
+    # Each token was sent before it arrived, and arrived soon after (loopback).
+    for sent, seen in zip(truth["token_times"], arrivals, strict=True):
+        assert 0 < seen - sent < 0.05
+    # The planned timing is what was sent: TTFT = queue + prefill, then 200 tokens/s.
+    assert truth["first_token_at"] - truth["received_at"] == pytest.approx(
+        truth["planned_ttft_ms"] / 1000, abs=0.004
+    )
+    gaps = (truth["last_token_at"] - truth["first_token_at"]) / 59
+    assert gaps == pytest.approx(1 / 200, rel=0.05)
+    assert truth["send_lag_max_ms"] < 20
+    assert {"model", "provider", "faults", "input_tokens", "cached_tokens"} <= set(truth)
+    assert (truth["provider"], truth["model"], truth["http_version"]) == (
+        "fastchip",
+        "mid-think",
+        "1.1",
+    )
+
+
+def test_unknown_request_ids_and_paths(sim: SimulatorProcess) -> None:
+    assert httpx.get(f"{sim.base_url}/_sim/requests/nope").status_code == 404
+    assert httpx.get(f"{sim.base_url}/nobody/v1/models").status_code == 404
+    response = httpx.get(
+        f"{sim.base_url}/fastchip/v1/embeddings", headers={"authorization": f"Bearer {OPENAI_KEY}"}
+    )
+    assert response.status_code == 404
+    assert response.headers["x-sim-request-id"]
+    assert httpx.get(f"{sim.base_url}/_sim/health").json()["status"] == "ok"
+
+
+def test_anthropic_accepts_msgpack_gzip_and_json_counts_match(sim: SimulatorProcess) -> None:
+    payload = {
+        "model": "claudish-mid",
+        "max_tokens": 7,
+        "system": "Be brief.",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "What is 9 * 9?"}]}],
+    }
+    url = f"{sim.base_url}/claudish/v1/messages"
+    as_json = httpx.post(url, json=payload, headers={"x-api-key": ANTHROPIC_KEY}).json()
+    as_msgpack = httpx.post(
+        url,
+        content=gzip.compress(msgpack.packb(payload)),
+        headers={
+            "x-api-key": ANTHROPIC_KEY,
+            "content-type": "application/vnd.msgpack",
+            "content-encoding": "gzip",
+        },
+    ).json()
+    assert as_json["usage"] == as_msgpack["usage"]
+    assert as_json["usage"]["output_tokens"] == 7
+    assert as_json["stop_reason"] == "max_tokens"
+    bad = httpx.post(
+        url,
+        content=b"\x00not gzip",
+        headers={"x-api-key": ANTHROPIC_KEY, "content-encoding": "gzip"},
+    )
+    assert bad.status_code == 400
+    assert bad.json()["error"]["type"] == "invalid_request_error"

@@ -1,0 +1,62 @@
+"""Helpers shared by tests that start real processes (Celery workers, beat, the web server)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import quote
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def database_url_of(settings_dict: dict[str, object]) -> str:
+    """A DATABASE_URL for the database Django's test runner made, for child processes."""
+    user = quote(str(settings_dict.get("USER") or ""), safe="")
+    password = quote(str(settings_dict.get("PASSWORD") or ""), safe="")
+    host = quote(str(settings_dict.get("HOST") or ""), safe="")
+    port = settings_dict.get("PORT") or ""
+    auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
+    netloc = f"{host}:{port}" if port else host
+    return f"postgresql://{auth}{netloc}/{settings_dict['NAME']}"
+
+
+def child_env(settings_dict: dict[str, object], **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["DATABASE_URL"] = database_url_of(settings_dict)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    handle = log.open("wb")
+    return subprocess.Popen(
+        argv, env=env, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def stop(proc: subprocess.Popen[bytes], timeout_s: float = 15) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def celery(*args: str) -> list[str]:
+    return [sys.executable, "-m", "celery", "-A", "monitor", *args]
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float, interval_s: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval_s)
+    return condition()
