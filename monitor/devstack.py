@@ -286,7 +286,8 @@ def run(port: int) -> int:
 
 
 def test(pytest_args: list[str]) -> int:
-    var_dir = ROOT / "var" / "test"
+    # RW_TEST_VAR_DIR lets two suites run side by side, each with its own embedded servers.
+    var_dir = Path(os.environ.get("RW_TEST_VAR_DIR") or ROOT / "var" / "test")
     env, started = _prepare_env(var_dir, {"PROVIDER_ALLOW_PRIVATE_NETWORKS": "true"})
     if len(started) < 2:  # tests that restart servers need the embedded ones
         env["RW_EXTERNAL_SERVICES"] = "1"

@@ -289,6 +289,14 @@ class Task(models.Model):
     prefix_modes = ArrayField(
         models.CharField(max_length=10, choices=PREFIX_MODES), default=_default_prefix_modes
     )
+    race_interval_s = models.PositiveIntegerField(
+        "race interval (s)",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(10)],
+        help_text="Race all candidate routes against each other this often from each region "
+        "(the first complete valid answer wins, the rest are cancelled). Empty: no races.",
+    )
     monthly_spend_cap_usd = models.DecimalField(
         "monthly probe-spend cap ($)", max_digits=12, decimal_places=2, null=True, blank=True
     )
@@ -534,3 +542,35 @@ class Rollup(models.Model):
     @property
     def count(self) -> int:
         return self.count_ok + self.count_error + self.count_missed
+
+
+class RaceRun(models.Model):
+    """One race: the task's request fired at all its routes at once from one region; the first
+    complete valid answer won and the rest were cancelled (probes.race)."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="races")
+    region = models.ForeignKey(Region, on_delete=models.CASCADE, related_name="races")
+    # The race slot (one race per task, region and slot time).
+    slot_at = models.DateTimeField()
+    started_at = models.DateTimeField(default=timezone.now)
+    winner = models.ForeignKey(
+        Route, on_delete=models.SET_NULL, null=True, blank=True, related_name="races_won"
+    )
+    winner_ms = models.FloatField(null=True, blank=True)
+    # Per route id (as a string): {"elapsed_ms", "cancelled", "tokens_paid", "saved_ms",
+    # "outcome", "error_kind"}; saved_ms is the time the race saved against that route alone.
+    lanes = models.JSONField(default=dict)
+    loser_tokens = models.PositiveIntegerField(default=0)
+    loser_cost_usd = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"))
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["task", "region", "slot_at"], name="race_one_per_slot")
+        ]
+        indexes = [
+            # Races page: one task's races over a window.
+            models.Index(fields=["task", "started_at"], name="race_task_time"),
+        ]
+
+    def __str__(self) -> str:
+        return f"race {self.task_id}@{self.region_id} {self.started_at:%Y-%m-%d %H:%M:%S}"
