@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import datetime as dt
 import ipaddress
 import socket
 from decimal import Decimal
@@ -550,8 +551,12 @@ class RaceRun(models.Model):
 
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="races")
     region = models.ForeignKey(Region, on_delete=models.CASCADE, related_name="races")
-    # The race slot (one race per task, region and slot time).
+    # The race slot: the row is created when the race is dispatched (by exactly one beat,
+    # INSERT ... ON CONFLICT), filled in when its result arrives, or marked missed by the
+    # sweep once past its deadline, like a ProbeSlot.
     slot_at = models.DateTimeField()
+    deadline_at = models.DateTimeField()
+    status = models.CharField(max_length=12, choices=SLOT_STATUSES, default=SLOT_DISPATCHED)
     started_at = models.DateTimeField(default=timezone.now)
     winner = models.ForeignKey(
         Route, on_delete=models.SET_NULL, null=True, blank=True, related_name="races_won"
@@ -562,6 +567,8 @@ class RaceRun(models.Model):
     lanes = models.JSONField(default=dict)
     loser_tokens = models.PositiveIntegerField(default=0)
     loser_cost_usd = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"))
+    # All lanes together, the winner's included (counts toward the task's monthly spend).
+    cost_usd = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"))
 
     class Meta:
         constraints = [
@@ -570,7 +577,90 @@ class RaceRun(models.Model):
         indexes = [
             # Races page: one task's races over a window.
             models.Index(fields=["task", "started_at"], name="race_task_time"),
+            # The missed-race sweep: dispatched races past their deadline.
+            models.Index(
+                fields=["deadline_at"],
+                name="race_open_deadline",
+                condition=models.Q(status="dispatched"),
+            ),
         ]
 
     def __str__(self) -> str:
         return f"race {self.task_id}@{self.region_id} {self.started_at:%Y-%m-%d %H:%M:%S}"
+
+
+MONDAY, TUESDAY, WEDNESDAY, THURSDAY, FRIDAY, SATURDAY, SUNDAY = range(7)
+WEEKDAYS = [
+    (MONDAY, "Monday"),
+    (TUESDAY, "Tuesday"),
+    (WEDNESDAY, "Wednesday"),
+    (THURSDAY, "Thursday"),
+    (FRIDAY, "Friday"),
+    (SATURDAY, "Saturday"),
+    (SUNDAY, "Sunday"),
+]
+
+
+def validate_time_zone(value: str) -> None:
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValidationError(f"{value!r} is not an IANA time zone (e.g. Europe/Paris).") from None
+
+
+class Subscription(models.Model):
+    """One user's weekly digest: which tasks (none = all), when in their own time zone."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="digest_subscription"
+    )
+    tasks = models.ManyToManyField(
+        Task, blank=True, related_name="subscriptions", help_text="None selected: all tasks."
+    )
+    weekday = models.PositiveSmallIntegerField(choices=WEEKDAYS, default=MONDAY)
+    hour = models.PositiveSmallIntegerField(
+        default=8, validators=[MaxValueValidator(23)], help_text="Local hour, 0 to 23."
+    )
+    time_zone = models.CharField(
+        max_length=64, default="UTC", validators=[validate_time_zone], help_text="IANA name."
+    )
+    is_active = models.BooleanField(default=True)
+    # Null while inactive. The sender claims a digest by moving this forward (optimistic lock).
+    next_send_at = models.DateTimeField(null=True, blank=True)
+    last_sent_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        indexes = [
+            # The beat task: active subscriptions whose next send time has come.
+            models.Index(
+                fields=["next_send_at"],
+                name="subscription_due",
+                condition=models.Q(is_active=True),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"digest for {self.user}"
+
+    def choose_next_send(self, now: dt.datetime) -> dt.datetime:
+        """The first local `weekday` at `hour` strictly after `now`, as an aware UTC time.
+
+        Computed on local wall-clock dates, then localised: a week that crosses a DST change
+        still lands at the chosen local hour. An hour that does not exist that day (spring
+        forward) is taken with fold=0, which zoneinfo maps to the hour after the gap; an hour
+        that happens twice (fall back) is taken the first time."""
+        from zoneinfo import ZoneInfo
+
+        zone = ZoneInfo(self.time_zone)
+        local_now = now.astimezone(zone)
+        days_ahead = (self.weekday - local_now.weekday()) % 7
+        for extra_weeks in (0, 1):
+            day = local_now.date() + dt.timedelta(days=days_ahead + 7 * extra_weeks)
+            naive = dt.datetime.combine(day, dt.time(self.hour))
+            candidate = naive.replace(tzinfo=zone).astimezone(dt.UTC)
+            if candidate > now:
+                return candidate
+        raise AssertionError("unreachable: a week later is always after now")
