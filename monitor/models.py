@@ -627,9 +627,13 @@ class Subscription(models.Model):
         max_length=64, default="UTC", validators=[validate_time_zone], help_text="IANA name."
     )
     is_active = models.BooleanField(default=True)
-    # Null while inactive. The sender claims a digest by moving this forward (optimistic lock).
+    # When the next digest (or a retry of a failed one) is due; null while inactive. A sender
+    # claims a digest by moving this forward (optimistic lock, monitor.digest.send_due).
     next_send_at = models.DateTimeField(null=True, blank=True)
     last_sent_at = models.DateTimeField(null=True, blank=True)
+    # Attempts at the current digest; reset once it is sent or given up.
+    send_attempts = models.PositiveSmallIntegerField(default=0, editable=False)
+    last_error = models.CharField(max_length=300, blank=True, editable=False)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
     class Meta:
@@ -664,3 +668,23 @@ class Subscription(models.Model):
             if candidate > now:
                 return candidate
         raise AssertionError("unreachable: a week later is always after now")
+
+    def previous_slot(self, now: dt.datetime) -> dt.datetime:
+        """The last local `weekday` at `hour` at or before `now`: where a digest's week ends."""
+        from zoneinfo import ZoneInfo
+
+        zone = ZoneInfo(self.time_zone)
+        local_now = now.astimezone(zone)
+        days_back = (local_now.weekday() - self.weekday) % 7
+        for extra_weeks in (0, 1):
+            day = local_now.date() - dt.timedelta(days=days_back + 7 * extra_weeks)
+            naive = dt.datetime.combine(day, dt.time(self.hour))
+            candidate = naive.replace(tzinfo=zone).astimezone(dt.UTC)
+            if candidate <= now:
+                return candidate
+        raise AssertionError("unreachable: a week earlier is always before now")
+
+    def reschedule(self, now: dt.datetime) -> None:
+        """After a change of schedule or of the active flag (not saved here)."""
+        self.next_send_at = self.choose_next_send(now) if self.is_active else None
+        self.send_attempts = 0
