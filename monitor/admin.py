@@ -18,6 +18,7 @@ from monitor.models import (
     Heartbeat,
     ProbeResult,
     Provider,
+    RaceRun,
     Region,
     Route,
     Task,
@@ -167,7 +168,18 @@ class TaskAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 ]
             },
         ),
-        ("Where and how often", {"fields": ["routes", "regions", "probe_interval_s"]}),
+        (
+            "Where and how often",
+            {
+                "fields": [
+                    "routes",
+                    "regions",
+                    "probe_interval_s",
+                    "probe_timeout_s",
+                    "race_interval_s",
+                ]
+            },
+        ),
         (
             "Probe options",
             {"fields": ["http_versions", "body_encodings", "connection_modes", "prefix_modes"]},
@@ -210,6 +222,21 @@ class ProbeResultAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_select_related = ["task", "route__provider", "region"]
     date_hierarchy = "started_at"
     show_full_result_count = False  # COUNT(*) over millions of rows is slow; admin pages stay fast
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(RaceRun)
+class RaceRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ["started_at", "task", "region", "status", "winner", "winner_ms", "loser_tokens"]
+    list_filter = ["status", "task", "region"]
+    search_fields = ["task__name", "winner__model_id"]
+    list_select_related = ["task", "region", "winner__provider"]
+    date_hierarchy = "started_at"
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

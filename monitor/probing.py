@@ -123,3 +123,37 @@ async def run_messages(
         ago = perf_now - result.t0_perf if result.t0_perf is not None else 0.0
         out.append(payload(message, result, wall_now - timedelta(seconds=ago)))
     return out
+
+
+async def run_race(
+    lanes: Mapping[str, tuple[Mapping[str, Any], str | None, str]],
+    reference_ms: Mapping[str, float],
+) -> dict[str, Any]:
+    """Race the lanes (route id -> (message, connect_to, api_key)); the first complete answer
+    that passes the eval case (when there is one) wins."""
+    specs = {name: spec_for(message, target, key) for name, (message, target, key) in lanes.items()}
+    # Every lane carries the same request, so the same eval case (monitor.races).
+    case = next((message.get("eval") for message, _, _ in lanes.values()), None)
+
+    def valid(result: EngineResult) -> bool:
+        return result.ok and grade(result, case) is not False
+
+    started_at = datetime.now(UTC)
+    outcome = await probes.race(specs, valid=valid, reference_ms=reference_ms)
+    return {
+        "started_at": started_at.isoformat(),
+        "winner_route_id": outcome.winner,
+        "winner_ms": outcome.winner_ms,
+        "lanes": {
+            name: {
+                "elapsed_ms": lane.elapsed_ms,
+                "cancelled": lane.cancelled,
+                "tokens_paid": lane.tokens_paid,
+                "saved_ms": lane.saved_ms,
+                "outcome": lane.result.outcome if lane.result else "cancelled",
+                "error_kind": lane.result.error_kind if lane.result else "",
+                "input_tokens": lane.result.input_tokens if lane.result else None,
+            }
+            for name, lane in outcome.lanes.items()
+        },
+    }

@@ -28,8 +28,10 @@ from monitor.models import (
     CONN_COLD,
     GRAIN_DAY,
     HTTP_2,
+    SLOT_DONE,
     EvalCase,
     ProbeSlot,
+    RaceRun,
     Region,
     Rollup,
     Route,
@@ -91,7 +93,18 @@ def month_spend_by_task(now: datetime) -> dict[int, Decimal]:
         .values("task_id")
         .annotate(spent=Sum("cost_usd"))
     )
-    return {r["task_id"]: r["spent"] or Decimal("0") for r in rows}
+    spent: dict[int, Decimal] = defaultdict(Decimal)
+    for r in rows:
+        spent[r["task_id"]] += r["spent"] or Decimal("0")
+    # Races are paid for too, every lane of them.
+    races = (
+        RaceRun.objects.filter(slot_at__gte=start, status=SLOT_DONE)
+        .values("task_id")
+        .annotate(spent=Sum("cost_usd"))
+    )
+    for r in races:
+        spent[r["task_id"]] += r["spent"] or Decimal("0")
+    return dict(spent)
 
 
 def spend_capped(task: Task, route: Route, spent: Decimal) -> bool:
@@ -148,12 +161,16 @@ def claim(slots: list[Slot]) -> list[Slot]:
     return [s for s in slots if (s.task.pk, s.route.pk, s.region.pk, s.slot_at) in created]
 
 
-def probe_message(slot: Slot, eval_cases: list[EvalCase]) -> dict[str, Any]:
+def probe_message(slot: Slot, eval_cases: list[EvalCase], n: int | None = None) -> dict[str, Any]:
     """What a region worker needs for one probe. JSON only; the API key travels encrypted
-    (the worker holds FIELD_ENCRYPTION_KEYS, not database credentials)."""
+    (the worker holds FIELD_ENCRYPTION_KEYS, not database credentials).
+
+    The slot's number picks the option combination and the eval case, so successive slots
+    cycle through them; a race passes one `n` for all its lanes (the same request to each)."""
     task, route, region = slot.task, slot.route, slot.region
-    phase = phase_s(task.pk, route.pk, region.pk, task.probe_interval_s)
-    n = slot_number(slot.slot_at, phase, task.probe_interval_s)
+    if n is None:
+        phase = phase_s(task.pk, route.pk, region.pk, task.probe_interval_s)
+        n = slot_number(slot.slot_at, phase, task.probe_interval_s)
     variants = list(
         itertools.product(
             task.http_versions, task.body_encodings, task.connection_modes, task.prefix_modes
@@ -199,7 +216,8 @@ def probe_message(slot: Slot, eval_cases: list[EvalCase]) -> dict[str, Any]:
 
 
 def tick(now: datetime | None = None) -> dict[str, int]:
-    """Claim due slots and send one batch per region. Returns slots sent per region slug."""
+    """Claim due slots and send one batch per region, then the due races. Returns slots sent
+    per region slug, and the number of races sent under "races"."""
     from monitor.tasks import run_probe_batch
 
     now = now or timezone.now()
@@ -222,4 +240,7 @@ def tick(now: datetime | None = None) -> dict[str, int]:
             expires=expires,
         )
         sent[region.slug] = len(slots)
+    from monitor import races
+
+    sent["races"] = races.dispatch(now, month_spend_by_task(now), cases)
     return sent

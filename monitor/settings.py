@@ -49,6 +49,12 @@ try:
     ]
     CONN_MAX_AGE = envint("DB_CONN_MAX_AGE", 60, minimum=0)
     PUBLIC_READONLY_PAGES = envbool("PUBLIC_READONLY_PAGES", False)
+    # Dashboard pages: how often the overview refreshes itself; /metrics bearer token for
+    # Prometheus scrapers (empty: /metrics follows the same login rule as the pages).
+    DASHBOARD_REFRESH_SECONDS = envint("DASHBOARD_REFRESH_SECONDS", 15, minimum=1, maximum=3600)
+    METRICS_BEARER_TOKEN = envsecret("METRICS_BEARER_TOKEN")
+    # Exports stream at most this many rows (a bound on one request's work).
+    EXPORT_MAX_ROWS = envint("EXPORT_MAX_ROWS", 100_000, minimum=1)
     PROVIDER_ALLOW_PRIVATE_NETWORKS = envbool("PROVIDER_ALLOW_PRIVATE_NETWORKS", False)
     TICK_SECONDS = envint("TICK_SECONDS", 10, minimum=1, maximum=3600)
     RAW_RETENTION_DAYS = envint("RAW_RETENTION_DAYS", 90, minimum=1)
@@ -66,6 +72,9 @@ try:
     EMAIL_TIMEOUT = envint("EMAIL_TIMEOUT", 30, minimum=1)
     EMAIL_FILE_PATH = envstr("EMAIL_FILE_PATH", str(VAR_DIR / "mail"))
     DEFAULT_FROM_EMAIL = envstr("DEFAULT_FROM_EMAIL", "Routewatch <routewatch@localhost>")
+    # Weekly digest: a p50/p95 worse than last week's by more than this percent is a regression.
+    DIGEST_REGRESSION_PCT = envint("DIGEST_REGRESSION_PCT", 20, minimum=1, maximum=1000)
+    DIGEST_UNSUBSCRIBE_MAX_AGE_DAYS = envint("DIGEST_UNSUBSCRIBE_MAX_AGE_DAYS", 90, minimum=1)
     LOG_LEVEL = envstr("LOG_LEVEL", "INFO").upper()
 except ConfigError as exc:
     raise _fail(str(exc)) from None
@@ -219,10 +228,15 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_TASK_TIME_LIMIT * 2}
 CELERY_TASK_DEFAULT_QUEUE = "default"
-CELERY_TASK_ROUTES = {"monitor.tasks.ingest_results": {"queue": "ingest"}}
+CELERY_TASK_ROUTES = {
+    "monitor.tasks.ingest_results": {"queue": "ingest"},
+    "monitor.tasks.ingest_race": {"queue": "ingest"},
+}
 CELERY_BEAT_SCHEDULE = {
     "tick": {"task": "monitor.tasks.tick", "schedule": float(TICK_SECONDS)},
     "retention": {"task": "monitor.tasks.delete_old_results", "schedule": 3600.0},
+    # Digests go out at a chosen local hour; a few minutes late is fine, and cheap to ask.
+    "digests": {"task": "monitor.tasks.send_digests", "schedule": 300.0},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False

@@ -23,10 +23,11 @@ def beat(name: str) -> None:
 @shared_task(name="monitor.tasks.tick")
 def tick() -> dict[str, int]:
     """Beat's periodic tick: record missed slots, then claim and send the due ones."""
-    from monitor import ingest, scheduling
+    from monitor import ingest, races, scheduling
 
     beat("tick")
     ingest.sweep_missed()
+    races.sweep_missed()
     return scheduling.tick()
 
 
@@ -59,3 +60,26 @@ def delete_old_results() -> int:
     from monitor import ingest
 
     return ingest.delete_old_results(settings.RAW_RETENTION_DAYS)
+
+
+@shared_task(
+    name="monitor.tasks.run_race",
+    acks_late=True,
+    reject_on_worker_lost=True,
+    soft_time_limit=settings.CELERY_TASK_SOFT_TIME_LIMIT * 4,
+    time_limit=settings.CELERY_TASK_TIME_LIMIT * 4,
+)
+def run_race(message: dict[str, Any]) -> str | None:
+    """On a region worker: run one race, send its result to ingest over the broker."""
+    from monitor import worker
+
+    result = worker.run_race(message)
+    ingest_race.apply_async(args=(result,), queue="ingest")
+    return result.get("winner_route_id")
+
+
+@shared_task(name="monitor.tasks.ingest_race", acks_late=True, reject_on_worker_lost=True)
+def ingest_race(result: dict[str, Any]) -> bool:
+    from monitor import races
+
+    return races.ingest(result)

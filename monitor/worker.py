@@ -71,6 +71,16 @@ def error_payload(message: Mapping[str, Any], kind: str, detail: str) -> dict[st
     }
 
 
+Prepared = tuple[Mapping[str, Any], str | None, str]
+
+
+def prepare(message: Mapping[str, Any], mapping: Mapping[str, str]) -> Prepared:
+    """(message, connect_to, api key); raises ApiKeyDecryptionError for a key it cannot read."""
+    token = message["provider"]["api_key_token"]
+    api_key = decrypt_secret(token) if token else ""
+    return message, connect_to(message["provider"]["base_url"], mapping), api_key
+
+
 def run_batch(batch: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Run one region batch; returns one JSON-ready result payload per probe."""
     from monitor import probing
@@ -80,15 +90,32 @@ def run_batch(batch: Mapping[str, Any]) -> list[dict[str, Any]]:
     payloads: list[dict[str, Any]] = []
     for message in batch["probes"]:
         try:
-            token = message["provider"]["api_key_token"]
-            api_key = decrypt_secret(token) if token else ""
+            prepared.append(prepare(message, mapping))
         except ApiKeyDecryptionError as exc:
             payloads.append(error_payload(message, "config", str(exc)))
-            continue
-        prepared.append((message, connect_to(message["provider"]["base_url"], mapping), api_key))
     timeout_s = max((m["timeout_s"] for m, _, _ in prepared), default=0) + 60
     if prepared:
         # Spread the batch's starts over one scheduler tick (no burst of simultaneous sends).
         window_s = float(min(settings.TICK_SECONDS, 10))
         payloads.extend(run_on_loop(probing.run_messages(prepared, window_s), timeout_s + window_s))
     return payloads
+
+
+def run_race(message: Mapping[str, Any]) -> dict[str, Any]:
+    """Run one race; returns its JSON-ready result (monitor.races.ingest)."""
+    from monitor import probing
+
+    mapping = connect_to_map(settings.CONNECT_TO)
+    lanes: dict[str, Prepared] = {}
+    unusable: dict[str, dict[str, Any]] = {}
+    for route_id, lane in message["lanes"].items():
+        try:
+            lanes[route_id] = prepare(lane, mapping)
+        except ApiKeyDecryptionError:
+            # The lane cannot start; the race goes on without it and says why.
+            unusable[route_id] = {"outcome": "error", "error_kind": "config", "tokens_paid": 0}
+    timeout_s = float(message["timeout_s"]) + 60
+    result = run_on_loop(probing.run_race(lanes, message.get("reference_ms") or {}), timeout_s)
+    result["lanes"].update(unusable)
+    result["race"] = message["race"]
+    return result

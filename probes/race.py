@@ -2,9 +2,10 @@
 
 The others are cancelled the moment a winner is known. A race records each route's time (its
 e2e if it finished, the time until it was cancelled otherwise), the winner, the time saved
-against each single route (against that route's own finish when it finished, or against a
-reference such as its recent median when it was cancelled), and the output tokens streamed by
-the losers before they were stopped (what the race cost on top of the winner).
+against each single route (against its own finish when it finished with a valid answer,
+against a reference such as its recent median when it was cancelled, none when its answer was
+not valid), and the output tokens streamed by the losers before they were stopped (what the
+race cost on top of the winner).
 """
 
 from __future__ import annotations
@@ -82,8 +83,9 @@ async def race(
         for name, lane in lanes.items():
             if name == winner:
                 lane.saved_ms = 0.0
-            elif lane.result is not None and lane.result.ok and lane.result.e2e_ms is not None:
-                lane.saved_ms = lane.elapsed_ms - winner_ms
+            elif lane.result is not None:
+                # A route whose own answer was not valid would not have answered alone.
+                lane.saved_ms = lane.elapsed_ms - winner_ms if valid(lane.result) else None
             elif reference_ms and name in reference_ms:
                 lane.saved_ms = reference_ms[name] - winner_ms
     return RaceResult(winner=winner, winner_ms=winner_ms, lanes=lanes)

@@ -94,6 +94,7 @@ class Command(BaseCommand):
                 "min_pass_rate": 0.8,
                 "probe_interval_s": 60,
                 "probe_timeout_s": 120,
+                "race_interval_s": 300,
                 "http_versions": [HTTP_1_1, HTTP_2],
                 "connection_modes": [CONN_WARM, CONN_COLD],
                 "body_encodings": [BODY_JSON],

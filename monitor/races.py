@@ -1,0 +1,212 @@
+"""Races on a schedule: a task's request fired at all its routes at once from each region.
+
+A task with `race_interval_s` races its candidate routes once per interval per region, at a
+phase of its own. The lifecycle follows probe slots (monitor.scheduling, monitor.ingest):
+- dispatch: the RaceRun row is created by INSERT ... ON CONFLICT DO NOTHING on (task, region,
+  slot_at); only the beat that created it sends the race to the region's queue, so two beats
+  still race once;
+- run: the region worker builds one probe per route from the same message and calls
+  probes.race (the first complete answer that passes the task's grader wins, the rest are
+  cancelled); the result travels back over the broker to the ingest queue;
+- ingest: the row is filled in only while it is still `dispatched` (a redelivered result, or
+  one that arrives after the sweep, changes nothing);
+- sweep: a race with no result by its deadline is marked `missed`, never silently absent.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from monitor import rollups
+from monitor.models import (
+    GRAIN_HOUR,
+    SLOT_DISPATCHED,
+    SLOT_DONE,
+    SLOT_MISSED,
+    EvalCase,
+    RaceRun,
+    Region,
+    Route,
+    Task,
+)
+from monitor.scheduling import (
+    Slot,
+    grace,
+    phase_s,
+    probe_message,
+    slot_number,
+    slot_times,
+)
+
+log = logging.getLogger(__name__)
+
+# The reference for a cancelled lane's saving: its median e2e over this window, this region.
+REFERENCE_WINDOW = timedelta(hours=24)
+
+
+def deadline(task: Task, slot_at: datetime) -> datetime:
+    return slot_at + timedelta(seconds=task.probe_timeout_s) + grace()
+
+
+def _racing_routes(task: Task) -> list[Route]:
+    return [r for r in task.routes.all() if r.is_active and r.provider.is_active]
+
+
+def race_cost_estimate(task: Task, routes: list[Route]) -> Decimal:
+    return sum((r.cost_usd(task.input_tokens, task.max_tokens) for r in routes), Decimal("0"))
+
+
+def due_races(now: datetime, spent: Mapping[int, Decimal]) -> list[tuple[Task, Region, datetime]]:
+    tasks = Task.objects.filter(is_active=True, race_interval_s__isnull=False).prefetch_related(
+        "routes__provider", "regions"
+    )
+    latest = {
+        (r["task_id"], r["region_id"]): r["last"]
+        for r in RaceRun.objects.values("task_id", "region_id").annotate(last=Max("slot_at"))
+    }
+    due = []
+    for task in tasks:
+        interval = task.race_interval_s
+        assert interval is not None
+        routes = _racing_routes(task)
+        if len(routes) < 2:
+            continue  # a race needs two lanes
+        if task.monthly_spend_cap_usd is not None and (
+            spent.get(task.pk, Decimal("0")) + race_cost_estimate(task, routes)
+            > task.monthly_spend_cap_usd
+        ):
+            continue
+        for region in task.regions.all():
+            if not region.is_active:
+                continue
+            phase = phase_s(task.pk, 0, region.pk, interval)
+            after = latest.get((task.pk, region.pk))
+            # Races are not caught up after downtime: only the current one counts.
+            times = slot_times(now, interval, phase, after)
+            if times:
+                due.append((task, region, times[-1]))
+    return due
+
+
+def claim(due: list[tuple[Task, Region, datetime]]) -> list[tuple[Task, Region, datetime]]:
+    """Create the race rows; return only those this call created (another beat may have)."""
+    if not due:
+        return []
+    row = "(%s, %s, %s, %s, 'dispatched', now(), '{}'::jsonb, 0, 0, 0)"
+    sql = (
+        "INSERT INTO monitor_racerun (task_id, region_id, slot_at, deadline_at, status, "
+        "started_at, lanes, loser_tokens, loser_cost_usd, cost_usd) VALUES "
+        + ", ".join([row] * len(due))
+        + " ON CONFLICT DO NOTHING RETURNING task_id, region_id, slot_at"
+    )
+    params: list[Any] = []
+    for task, region, at in due:
+        params.extend([task.pk, region.pk, at, deadline(task, at)])
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        created = {tuple(r) for r in cursor.fetchall()}
+    return [(t, r, at) for t, r, at in due if (t.pk, r.pk, at) in created]
+
+
+def reference_e2e_ms(task: Task, region: Region, now: datetime) -> dict[str, float]:
+    """Each route's median e2e in this region over the last day, keyed by route id (str)."""
+    qs = rollups.rows(since=now - REFERENCE_WINDOW, until=now, grain=GRAIN_HOUR).filter(
+        task=task, region=region
+    )
+    out = {}
+    for (route_id,), stats in rollups.stats_by(qs, ["route_id"]).items():
+        p50 = stats.e2e_ms(50)
+        if p50 is not None:
+            out[str(route_id)] = p50
+    return out
+
+
+def race_message(
+    task: Task, region: Region, at: datetime, cases: list[EvalCase], now: datetime
+) -> dict[str, Any]:
+    """One message for the region worker: a probe message per lane, all the same request."""
+    assert task.race_interval_s is not None
+    n = slot_number(at, phase_s(task.pk, 0, region.pk, task.race_interval_s), task.race_interval_s)
+    lanes = {
+        str(route.pk): probe_message(Slot(task, route, region, at), cases, n=n)
+        for route in _racing_routes(task)
+    }
+    return {
+        "race": {"task_id": task.pk, "region_id": region.pk, "slot_at": at.isoformat()},
+        "lanes": lanes,
+        "reference_ms": reference_e2e_ms(task, region, now),
+        "timeout_s": task.probe_timeout_s,
+    }
+
+
+def dispatch(now: datetime, spent: Mapping[int, Decimal], cases: dict[int, list[EvalCase]]) -> int:
+    """Claim due races and send each to its region's queue; returns how many were sent."""
+    from monitor.tasks import run_race
+
+    with transaction.atomic():
+        claimed = claim(due_races(now, spent))
+    for task, region, at in claimed:
+        run_race.apply_async(
+            args=(race_message(task, region, at, cases[task.pk], now),),
+            queue=region.queue_name,
+            expires=max(at, now) + grace(),
+        )
+    return len(claimed)
+
+
+def ingest(payload: Mapping[str, Any]) -> bool:
+    """Store one race result from a region worker; False when the race was already closed."""
+    key = payload["race"]
+    lanes: dict[str, dict[str, Any]] = dict(payload.get("lanes") or {})
+    prices = {str(r.pk): r for r in Route.objects.filter(pk__in=[int(k) for k in lanes])}
+    task = Task.objects.get(pk=key["task_id"])
+    winner = payload.get("winner_route_id")
+    total = loser_cost = Decimal("0")
+    loser_tokens = 0
+    for route_id, lane in lanes.items():
+        route = prices.get(route_id)
+        tokens = int(lane.get("tokens_paid") or 0)
+        cost = (
+            route.cost_usd(int(lane.get("input_tokens") or task.input_tokens), tokens)
+            if route
+            else Decimal("0")
+        )
+        lane["cost_usd"] = float(cost)
+        total += cost
+        if route_id != str(winner):
+            loser_cost += cost
+            loser_tokens += tokens
+    updated = RaceRun.objects.filter(
+        task_id=key["task_id"],
+        region_id=key["region_id"],
+        slot_at=datetime.fromisoformat(key["slot_at"]),
+        status=SLOT_DISPATCHED,
+    ).update(
+        status=SLOT_DONE,
+        started_at=datetime.fromisoformat(payload["started_at"]),
+        winner_id=int(winner) if winner and winner in prices else None,
+        winner_ms=payload.get("winner_ms"),
+        lanes=lanes,
+        loser_tokens=loser_tokens,
+        loser_cost_usd=loser_cost,
+        cost_usd=total,
+    )
+    if not updated:
+        log.info("race result for a closed race ignored: %s", key)
+    return bool(updated)
+
+
+def sweep_missed(now: datetime | None = None) -> int:
+    """Races with no result by their deadline are recorded missed."""
+    now = now or timezone.now()
+    return RaceRun.objects.filter(status=SLOT_DISPATCHED, deadline_at__lt=now).update(
+        status=SLOT_MISSED
+    )
