@@ -6,6 +6,7 @@ from django import forms
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
 from django.utils.decorators import method_decorator
 from django.views.decorators.debug import sensitive_post_parameters
 
@@ -21,6 +22,7 @@ from monitor.models import (
     RaceRun,
     Region,
     Route,
+    Subscription,
     Task,
 )
 
@@ -248,3 +250,41 @@ class RaceRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 @admin.register(Heartbeat)
 class HeartbeatAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ["name", "last_seen", "count"]
+
+
+@admin.register(Subscription)
+class SubscriptionAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = [
+        "user",
+        "is_active",
+        "weekday",
+        "hour",
+        "time_zone",
+        "next_send_at",
+        "last_sent_at",
+        "send_attempts",
+    ]
+    list_filter = ["is_active", "weekday", "time_zone", "tasks"]
+    search_fields = ["user__username", "user__email", "time_zone"]
+    list_select_related = ["user"]
+    autocomplete_fields = ["user"]
+    filter_horizontal = ["tasks"]
+    readonly_fields = ["next_send_at", "last_sent_at", "send_attempts", "last_error"]
+    fields = [
+        "user",
+        "is_active",
+        "tasks",
+        "weekday",
+        "hour",
+        "time_zone",
+        "next_send_at",
+        "last_sent_at",
+        "send_attempts",
+        "last_error",
+    ]
+
+    def save_model(self, request: HttpRequest, obj: Subscription, form: Any, change: bool) -> None:
+        # A new schedule (or switching on/off) sets the next send time; other edits keep it.
+        if not change or {"is_active", "weekday", "hour", "time_zone"} & set(form.changed_data):
+            obj.reschedule(timezone.now())
+        super().save_model(request, obj, form, change)
