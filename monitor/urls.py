@@ -12,6 +12,13 @@ admin.site.site_title = "Routewatch admin"
 urlpatterns = [
     path("", views.overview, name="rw-overview"),
     path("healthz", views.healthz, name="rw-healthz"),
+    path("tasks/<slug:slug>/", views.task_detail, name="rw-task"),
+    path("routes/<int:pk>/", views.route_detail, name="rw-route"),
+    path("regions/", views.regions, name="rw-regions"),
+    path("log/", views.probe_log, name="rw-log"),
+    path("races/", views.races, name="rw-races"),
+    path("export/results.<str:fmt>", views.export, name="rw-export"),
+    path("metrics", views.metrics, name="rw-metrics"),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

@@ -1,35 +1,212 @@
+"""Dashboard views: thin and typed. Each parses its request, calls a builder from
+monitor.overview / monitor.pages_* and renders one template (or, for htmx, one partial)."""
+
 from __future__ import annotations
 
-from datetime import timedelta
+import hmac
+from datetime import datetime, timedelta
 
-from django.contrib.auth.decorators import login_required
+from django.conf import settings
 from django.db import connection
-from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import render
+from django.db.models import Max
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from monitor import overview as overview_data
+from monitor import (
+    overview as overview_data,
+)
+from monitor import (
+    pages_log,
+    pages_metrics,
+    pages_races,
+    pages_regions,
+    pages_route,
+    pages_task,
+    pages_whatif,
+)
 from monitor.http import HtmxHttpRequest
-from monitor.models import Heartbeat, ProbeResult
+from monitor.models import ERROR_KINDS, GRAIN_HOUR, OUTCOMES, Heartbeat, Region, Rollup, Route, Task
+from monitor.pages import RANGES, may_read, parse_range, readonly_page
 
 
-@login_required
+def _partial(request: HtmxHttpRequest, template: str, partials: set[str]) -> str:
+    """htmx asks for one part of a page by its target's id; anything else gets the page."""
+    target = request.htmx.target if request.htmx else None
+    if target in partials:
+        return f"{template}#{target}"
+    return template
+
+
+def _region(slug: str | None, task: Task | None = None) -> Region | None:
+    if not slug:
+        return None
+    qs = task.regions.all() if task is not None else Region.objects.all()
+    return qs.filter(slug=slug).first()
+
+
+def _last_probe_at() -> datetime | None:
+    """From the rollups (two days of hourly rows), not a scan of the raw results."""
+    since = timezone.now() - timedelta(days=2)
+    found = Rollup.objects.filter(grain=GRAIN_HOUR, bucket_start__gte=since).aggregate(
+        last=Max("last_probe_at")
+    )
+    last: datetime | None = found["last"]
+    return last
+
+
+@readonly_page
 def overview(request: HtmxHttpRequest) -> HttpResponse:
     tick = Heartbeat.objects.filter(name="tick").first()
-    last_probe = ProbeResult.objects.order_by("-started_at").only("started_at").first()
     now = timezone.now()
     ctx = {
         "rows": overview_data.build(now),
         "tick": tick,
         "tick_stale": tick is None or now - tick.last_seen > timedelta(minutes=2),
-        "last_probe": last_probe,
+        "last_probe_at": _last_probe_at(),
         "window_hours": int(overview_data.WINDOW.total_seconds() // 3600),
+        "refresh_s": settings.DASHBOARD_REFRESH_SECONDS,
+        "rendered_at": now,
     }
-    template = "front/overview.html"
-    if request.htmx:
-        template += "#overview-body"
+    # Its only htmx request is the refresh of the body.
+    template = "front/overview.html#overview-body" if request.htmx else "front/overview.html"
     return render(request, template, ctx)
+
+
+@readonly_page
+def task_detail(request: HtmxHttpRequest, slug: str) -> HttpResponse:
+    task = get_object_or_404(Task, slug=slug)
+    region = _region(request.GET.get("region"), task)
+    window = parse_range(request.GET)
+    now = timezone.now()
+    data = pages_task.build(task, region, window, request.GET.dict(), now)
+    ctx = {
+        "page": data,
+        "task": task,
+        "regions": task.regions.filter(is_active=True).order_by("name"),
+        "ranges": RANGES.values(),
+        "custom_rows": range(1, pages_whatif.CUSTOM_ROWS + 1),
+        "now": now,
+    }
+    return render(request, _partial(request, "front/task.html", {"whatif", "task-body"}), ctx)
+
+
+@readonly_page
+def route_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    route = get_object_or_404(Route.objects.select_related("provider"), pk=pk)
+    tasks = route.tasks.filter(is_active=True).order_by("name")
+    task_slug = request.GET.get("task")
+    task = (tasks.filter(slug=task_slug).first() if task_slug else None) or tasks.first()
+    region = _region(request.GET.get("region"), task) if task else None
+    window = parse_range(request.GET)
+    now = timezone.now()
+    ctx = {
+        "page": pages_route.build(route, task, region, window, now),
+        "route": route,
+        "ranges": RANGES.values(),
+        "now": now,
+    }
+    return render(request, _partial(request, "front/route.html", {"route-body"}), ctx)
+
+
+@readonly_page
+def regions(request: HtmxHttpRequest) -> HttpResponse:
+    tasks = Task.objects.filter(is_active=True).order_by("name")
+    task_slug = request.GET.get("task")
+    task = (tasks.filter(slug=task_slug).first() if task_slug else None) or tasks.first()
+    window = parse_range(request.GET)
+    metric = request.GET.get("metric") or pages_regions.DEFAULT_METRIC
+    now = timezone.now()
+    ctx = {
+        "tasks": tasks,
+        "task": task,
+        "matrix": pages_regions.build(task, metric, window, now) if task else None,
+        "metrics": pages_regions.METRICS.items(),
+        "ranges": RANGES.values(),
+    }
+    return render(request, _partial(request, "front/regions.html", {"matrix-body"}), ctx)
+
+
+@readonly_page
+def probe_log(request: HtmxHttpRequest) -> HttpResponse:
+    f = pages_log.parse_filter(request.GET)
+    cursor = pages_log.Cursor.decode(request.GET.get("before"))
+    data = pages_log.page(f, cursor, timezone.now())
+    ctx = {
+        "page": data,
+        "f": f,
+        "tasks": Task.objects.order_by("name"),
+        "routes": Route.objects.select_related("provider").order_by("provider__name", "model_id"),
+        "regions_all": Region.objects.order_by("name"),
+        "outcomes": OUTCOMES,
+        "error_kinds": ERROR_KINDS,
+        "ranges": pages_log.LOG_RANGES.keys(),
+        "query": f.query(),
+        "export_limit": settings.EXPORT_MAX_ROWS,
+    }
+    return render(request, _partial(request, "front/log.html", {"log-body"}), ctx)
+
+
+@readonly_page
+def races(request: HtmxHttpRequest) -> HttpResponse:
+    tasks = Task.objects.filter(is_active=True).order_by("name")
+    task_slug = request.GET.get("task")
+    task = (tasks.filter(slug=task_slug).first() if task_slug else None) or tasks.first()
+    region = _region(request.GET.get("region"), task) if task else None
+    window = parse_range(request.GET)
+    ctx = {
+        "tasks": tasks,
+        "task": task,
+        "region": region,
+        "page": pages_races.build(task, region, window, timezone.now()) if task else None,
+        "ranges": RANGES.values(),
+    }
+    return render(request, _partial(request, "front/races.html", {"races-body"}), ctx)
+
+
+@readonly_page
+@require_GET
+def export(request: HtmxHttpRequest, fmt: str) -> StreamingHttpResponse:
+    if fmt not in ("csv", "json"):
+        raise Http404("unknown export format")
+    f = pages_log.parse_filter(request.GET)
+    now = timezone.now()
+    rows = pages_log.export_rows(f, now, settings.EXPORT_MAX_ROWS)
+    stamp = now.strftime("%Y%m%dT%H%M%SZ")
+    if fmt == "csv":
+        response = StreamingHttpResponse(
+            pages_log.csv_stream(rows), content_type="text/csv; charset=utf-8"
+        )
+    else:
+        response = StreamingHttpResponse(
+            pages_log.json_stream(rows), content_type="application/json"
+        )
+    response["Content-Disposition"] = f'attachment; filename="routewatch-results-{stamp}.{fmt}"'
+    response["X-Export-Row-Limit"] = str(settings.EXPORT_MAX_ROWS)
+    return response
+
+
+def _scraper_token_ok(request: HttpRequest) -> bool:
+    token = settings.METRICS_BEARER_TOKEN
+    header = request.headers.get("Authorization", "")
+    if not token or not header.startswith("Bearer "):
+        return False
+    return hmac.compare_digest(header.removeprefix("Bearer ").encode(), token.encode())
+
+
+@require_GET
+def metrics(request: HtmxHttpRequest) -> HttpResponse:
+    """Prometheus scrape target: a bearer token (METRICS_BEARER_TOKEN), or the pages' rule."""
+    if not (_scraper_token_ok(request) or may_read(request)):
+        return HttpResponse(
+            "authentication required\n",
+            status=401,
+            content_type="text/plain; charset=utf-8",
+            headers={"WWW-Authenticate": 'Bearer realm="routewatch"'},
+        )
+    body = "".join(pages_metrics.lines(timezone.now()))
+    return HttpResponse(body, content_type=pages_metrics.CONTENT_TYPE)
 
 
 @require_GET

@@ -1,10 +1,223 @@
-// Routewatch front-end glue. No inline scripts anywhere (the CSP forbids them).
+// Routewatch front-end glue. No inline scripts anywhere (the CSP forbids them): chart data
+// arrives in <script type="application/json"> elements (Django's json_script) next to a
+// <canvas data-chart="kind" data-source="id">, and is drawn here, on first load and after
+// every htmx swap.
 "use strict";
-document.addEventListener("DOMContentLoaded", function () {
+
+(function () {
+  function cssVar(name, fallback) {
+    var v = getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+    return v || fallback;
+  }
+
+  function palette() {
+    return {
+      ok: cssVar("--ok", "#1b7f3b"),
+      near: cssVar("--near", "#b26a00"),
+      over: cssVar("--over", "#b3261e"),
+      muted: cssVar("--muted", "#6b7280"),
+      accent: cssVar("--accent", "#2f5bea"),
+      p50: cssVar("--p50", "#2f5bea"),
+      p95: cssVar("--p95", "#b26a00"),
+      p99: cssVar("--p99", "#b3261e"),
+    };
+  }
+
+  function readData(canvas) {
+    var source = document.getElementById(canvas.dataset.source);
+    if (!source) return null;
+    try {
+      return JSON.parse(source.textContent);
+    } catch (e) {
+      return null;
+    }
+  }
+
+  function fmtMs(v) {
+    if (v === null || v === undefined) return "—";
+    if (v < 1000) return Math.round(v) + " ms";
+    var s = v / 1000;
+    if (s < 60) return (s < 10 ? s.toFixed(2) : s.toFixed(1)) + " s";
+    var total = Math.round(s), m = Math.floor(total / 60);
+    return m + " min " + (total % 60) + " s";
+  }
+
+  function fmtTps(v) {
+    return v === null || v === undefined ? "—" : Math.round(v).toLocaleString("en-US") + " tok/s";
+  }
+
+  var builders = {
+    series: function (canvas, data, c) {
+      var metric = canvas.dataset.metric;
+      var block = data[metric] || {};
+      var colours = { p50: c.p50, p95: c.p95, p99: c.p99 };
+      var datasets = Object.keys(block).map(function (q) {
+        return {
+          label: q,
+          data: block[q],
+          borderColor: colours[q] || c.accent,
+          backgroundColor: colours[q] || c.accent,
+          spanGaps: false,
+          pointRadius: data.labels.length > 60 ? 0 : 2,
+          borderWidth: 2,
+          tension: 0.2,
+        };
+      });
+      var unit = metric === "tps" ? fmtTps : fmtMs;
+      return {
+        type: "line",
+        data: { labels: data.labels, datasets: datasets },
+        options: {
+          animation: false,
+          maintainAspectRatio: false,
+          interaction: { mode: "index", intersect: false },
+          scales: { y: { beginAtZero: true, ticks: { callback: function (v) { return unit(v); } } } },
+          plugins: {
+            tooltip: {
+              callbacks: {
+                label: function (ctx) {
+                  return ctx.dataset.label + ": " + (ctx.parsed.y === null ? "too few samples" : unit(ctx.parsed.y));
+                },
+              },
+            },
+          },
+        },
+      };
+    },
+
+    scatter: function (canvas, data, c) {
+      function dim(colour) { return colour + "55"; }
+      var passing = [], failing = [], winner = [];
+      data.points.forEach(function (p) {
+        (p.winner ? winner : p.qualifies ? passing : failing).push(p);
+      });
+      var xs = data.points.map(function (p) { return p.x; });
+      var xmin = Math.min.apply(null, xs), xmax = Math.max.apply(null, xs);
+      var pad = (xmax - xmin) * 0.1 || xmax * 0.1 || 1;
+      var datasets = [
+        { label: "fastest qualifying", data: winner, pointStyle: "star", pointRadius: 12, pointHoverRadius: 14, borderColor: c.ok, backgroundColor: c.ok, borderWidth: 2 },
+        { label: "qualifies", data: passing, pointRadius: 7, pointHoverRadius: 9, backgroundColor: c.accent, borderColor: c.accent },
+        { label: "below the bar / not qualifying", data: failing, pointRadius: 7, pointHoverRadius: 9, backgroundColor: dim(c.muted.length === 7 ? c.muted : "#6b7280"), borderColor: dim(c.muted.length === 7 ? c.muted : "#6b7280") },
+      ];
+      if (data.bar !== null && data.bar !== undefined) {
+        datasets.push({
+          label: "quality bar",
+          type: "line",
+          data: [{ x: Math.max(0, xmin - pad), y: data.bar }, { x: xmax + pad, y: data.bar }],
+          borderColor: c.over,
+          borderDash: [6, 4],
+          borderWidth: 1.5,
+          pointRadius: 0,
+          pointHoverRadius: 0,
+          fill: false,
+        });
+      }
+      return {
+        type: "scatter",
+        data: { datasets: datasets },
+        options: {
+          animation: false,
+          maintainAspectRatio: false,
+          scales: {
+            x: { title: { display: true, text: data.x_label }, beginAtZero: true },
+            y: { title: { display: true, text: data.y_label } },
+          },
+          plugins: {
+            tooltip: {
+              filter: function (item) { return item.raw && item.raw.label !== undefined; },
+              callbacks: {
+                label: function (ctx) {
+                  var p = ctx.raw;
+                  return [
+                    p.label,
+                    data.x_label + ": " + fmtMs(p.x * 1000),
+                    data.y_label + ": " + p.y,
+                    "TTFT p50: " + fmtMs(p.ttft_p50_ms) + " · speed p50: " + fmtTps(p.tps_p50),
+                    "e2e p95: " + fmtMs(p.e2e_p95_ms),
+                  ];
+                },
+              },
+            },
+          },
+        },
+      };
+    },
+
+    waterfall: function (canvas, data, c) {
+      var colours = {
+        dns: "#8b5cf6", connect: "#0ea5e9", tls: "#14b8a6", upload: "#64748b",
+        "queue + prefill": c.near, decode: c.accent,
+      };
+      return {
+        type: "bar",
+        data: {
+          labels: data.map(function (s) { return s.name; }),
+          datasets: [{
+            label: "ms from t0",
+            data: data.map(function (s) { return [s.start_ms, s.end_ms]; }),
+            backgroundColor: data.map(function (s) { return colours[s.name] || c.muted; }),
+          }],
+        },
+        options: {
+          indexAxis: "y",
+          animation: false,
+          maintainAspectRatio: false,
+          scales: { x: { beginAtZero: true, ticks: { callback: function (v) { return fmtMs(v); } } } },
+          plugins: {
+            legend: { display: false },
+            tooltip: {
+              callbacks: {
+                label: function (ctx) {
+                  var r = ctx.raw;
+                  return fmtMs(r[0]) + " → " + fmtMs(r[1]) + " (" + fmtMs(r[1] - r[0]) + ")";
+                },
+              },
+            },
+          },
+        },
+      };
+    },
+
+    bars: function (canvas, data, c) {
+      return {
+        type: "bar",
+        data: {
+          labels: data.labels,
+          datasets: [{ label: "win rate (%)", data: data.win_rate, backgroundColor: c.accent }],
+        },
+        options: {
+          animation: false,
+          maintainAspectRatio: false,
+          scales: { y: { beginAtZero: true, max: 100 } },
+          plugins: { legend: { display: false } },
+        },
+      };
+    },
+  };
+
+  function drawCharts(root) {
+    if (!window.Chart) return;
+    var c = palette();
+    var canvases = (root || document).querySelectorAll("canvas[data-chart]");
+    canvases.forEach(function (canvas) {
+      var build = builders[canvas.dataset.chart];
+      var data = readData(canvas);
+      if (!build || !data) return;
+      var existing = Chart.getChart(canvas);
+      if (existing) existing.destroy();
+      new Chart(canvas, build(canvas, data, c));
+    });
+  }
+
+  // Deferred scripts run in order, so htmx and Chart.js are already here.
   if (window.htmx) {
     // Belt and braces: the same settings are in <meta name="htmx-config">.
     htmx.config.allowEval = false;
     htmx.config.allowScriptTags = false;
     htmx.config.selfRequestsOnly = true;
+    // Runs for the page once htmx is ready, and for every piece of content it swaps in.
+    htmx.onLoad(function (elt) { drawCharts(elt); });
+  } else {
+    document.addEventListener("DOMContentLoaded", function () { drawCharts(document); });
   }
-});
+})();

@@ -1,0 +1,246 @@
+"""The probe log (recent results, filtered, paged) and the CSV / JSON exports of the same filter.
+
+Paging is by keyset (started_at, id), newest first. Without a route filter no B-tree index
+orders the whole table by time, so a page is read by walking back from the cursor in growing
+time slices (1 h, 4 h, 16 h...) that the BRIN index on started_at answers cheaply; with a
+route filter the (route, started_at) index does it directly.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db.models import Q, QuerySet
+from django.utils.dateparse import parse_datetime
+
+from monitor.models import ERROR_KINDS, OUTCOMES, ProbeResult, Region, Route, Task
+from monitor.pages import parse_int
+
+PAGE_SIZE = 50
+LOG_RANGES = {
+    "1h": timedelta(hours=1),
+    "24h": timedelta(hours=24),
+    "7d": timedelta(days=7),
+    "30d": timedelta(days=30),
+}
+DEFAULT_LOG_RANGE = "24h"
+FIRST_SLICE = timedelta(hours=1)
+OUTCOME_VALUES = {v for v, _ in OUTCOMES}
+ERROR_KIND_VALUES = {v for v, _ in ERROR_KINDS}
+
+
+@dataclass
+class LogFilter:
+    task: Task | None = None
+    route: Route | None = None
+    region: Region | None = None
+    outcome: str = ""
+    error_kind: str = ""
+    range: str = DEFAULT_LOG_RANGE
+
+    @property
+    def window(self) -> timedelta:
+        return LOG_RANGES[self.range]
+
+    def query(self) -> dict[str, str]:
+        """The filter as query-string values (for links that keep it)."""
+        out = {"range": self.range}
+        if self.task:
+            out["task"] = self.task.slug
+        if self.route:
+            out["route"] = str(self.route.pk)
+        if self.region:
+            out["region"] = self.region.slug
+        if self.outcome:
+            out["outcome"] = self.outcome
+        if self.error_kind:
+            out["error_kind"] = self.error_kind
+        return out
+
+
+def parse_filter(params: Mapping[str, str]) -> LogFilter:
+    """Unknown values are ignored (the filter falls back to 'any'), never an error page."""
+    task_slug = params.get("task") or ""
+    region_slug = params.get("region") or ""
+    route_id = parse_int(params.get("route"))
+    outcome = params.get("outcome") or ""
+    kind = params.get("error_kind") or ""
+    window = params.get("range") or DEFAULT_LOG_RANGE
+    return LogFilter(
+        task=Task.objects.filter(slug=task_slug).first() if task_slug else None,
+        route=Route.objects.select_related("provider").filter(pk=route_id).first()
+        if route_id
+        else None,
+        region=Region.objects.filter(slug=region_slug).first() if region_slug else None,
+        outcome=outcome if outcome in OUTCOME_VALUES else "",
+        error_kind=kind if kind in ERROR_KIND_VALUES else "",
+        range=window if window in LOG_RANGES else DEFAULT_LOG_RANGE,
+    )
+
+
+def filtered(f: LogFilter) -> QuerySet[ProbeResult]:
+    qs = ProbeResult.objects.all()
+    if f.route:
+        qs = qs.filter(route=f.route)
+    if f.task:
+        qs = qs.filter(task=f.task)
+    if f.region:
+        qs = qs.filter(region=f.region)
+    if f.outcome:
+        qs = qs.filter(outcome=f.outcome)
+    if f.error_kind:
+        qs = qs.filter(error_kind=f.error_kind)
+    return qs
+
+
+@dataclass
+class Cursor:
+    started_at: datetime
+    id: int
+
+    def encode(self) -> str:
+        return f"{self.started_at.isoformat()}~{self.id}"
+
+    @classmethod
+    def decode(cls, value: str | None) -> Cursor | None:
+        if not value or "~" not in value:
+            return None
+        when, _, pk = value.rpartition("~")
+        started = parse_datetime(when)
+        number = parse_int(pk)
+        return cls(started, number) if started and started.tzinfo and number else None
+
+
+@dataclass
+class LogPage:
+    filter: LogFilter
+    rows: list[ProbeResult]
+    next_cursor: Cursor | None
+    first_page: bool
+    slices_read: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def page(f: LogFilter, cursor: Cursor | None, now: datetime, size: int = PAGE_SIZE) -> LogPage:
+    base = filtered(f).select_related("task", "route__provider", "region")
+    since = now - f.window
+    upper = cursor.started_at if cursor else now + timedelta(minutes=1)
+    rows: list[ProbeResult] = []
+    step = FIRST_SLICE
+    slices = 0
+    first = True
+    while len(rows) <= size and upper > since:
+        lower = max(since, upper - step)
+        qs = base.filter(started_at__gte=lower)
+        if first and cursor:
+            qs = qs.filter(
+                Q(started_at__lt=cursor.started_at)
+                | Q(started_at=cursor.started_at, id__lt=cursor.id)
+            )
+        elif first:
+            qs = qs.filter(started_at__lte=upper)
+        else:
+            qs = qs.filter(started_at__lt=upper)
+        rows.extend(qs.order_by("-started_at", "-id")[: size + 1 - len(rows)])
+        slices += 1
+        first = False
+        upper = lower
+        step *= 4
+    more = len(rows) > size
+    rows = rows[:size]
+    return LogPage(
+        filter=f,
+        rows=rows,
+        next_cursor=Cursor(rows[-1].started_at, rows[-1].pk) if more and rows else None,
+        first_page=cursor is None,
+        slices_read=slices,
+    )
+
+
+# --- exports ------------------------------------------------------------------------------
+
+EXPORT_FIELDS = [
+    ("started_at", "started_at"),
+    ("task", "task__slug"),
+    ("provider", "route__provider__name"),
+    ("model", "route__model_id"),
+    ("route_id", "route_id"),
+    ("region", "region__slug"),
+    ("outcome", "outcome"),
+    ("error_kind", "error_kind"),
+    ("error_detail", "error_detail"),
+    ("http_version", "http_version"),
+    ("http2", "http2"),
+    ("cold", "cold"),
+    ("body_encoding", "body_encoding"),
+    ("prefix_mode", "prefix_mode"),
+    ("dns_ms", "dns_ms"),
+    ("connect_ms", "connect_ms"),
+    ("tls_ms", "tls_ms"),
+    ("upload_ms", "upload_ms"),
+    ("request_bytes", "request_bytes"),
+    ("ttfb_ms", "ttfb_ms"),
+    ("ttft_ms", "ttft_ms"),
+    ("ttfat_ms", "ttfat_ms"),
+    ("e2e_ms", "e2e_ms"),
+    ("input_tokens", "input_tokens"),
+    ("cached_tokens", "cached_tokens"),
+    ("output_tokens", "output_tokens"),
+    ("token_source", "token_source"),
+    ("tps", "tps"),
+    ("itl_p50_ms", "itl_p50_ms"),
+    ("itl_max_ms", "itl_max_ms"),
+    ("ratelimit_remaining_requests", "ratelimit_remaining_requests"),
+    ("ratelimit_remaining_tokens", "ratelimit_remaining_tokens"),
+    ("retry_after_s", "retry_after_s"),
+    ("quality_pass", "quality_pass"),
+    ("cost_usd", "cost_usd"),
+    ("text", "text"),
+]
+EXPORT_HEADER = [name for name, _ in EXPORT_FIELDS]
+
+
+def export_rows(f: LogFilter, now: datetime, limit: int) -> Iterator[tuple[Any, ...]]:
+    """The filter's results, oldest first, at most `limit`, read in chunks (server-side cursor)."""
+    qs = filtered(f).filter(started_at__gte=now - f.window, started_at__lte=now)
+    columns = [column for _, column in EXPORT_FIELDS]
+    return qs.order_by("started_at", "id").values_list(*columns)[:limit].iterator(chunk_size=2000)
+
+
+class _Echo:
+    def write(self, value: str) -> str:
+        return value
+
+
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _cell(value: Any) -> Any:
+    """Provider text could start a spreadsheet formula: such cells get a leading quote."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, str) and value.startswith(_FORMULA_START):
+        return "'" + value
+    return "" if value is None else value
+
+
+def csv_stream(rows: Iterator[tuple[Any, ...]]) -> Iterator[str]:
+    writer = csv.writer(_Echo())
+    yield writer.writerow(EXPORT_HEADER)
+    for row in rows:
+        yield writer.writerow([_cell(v) for v in row])
+
+
+def json_stream(rows: Iterator[tuple[Any, ...]]) -> Iterator[str]:
+    yield "["
+    sep = "\n"
+    for row in rows:
+        yield sep + json.dumps(dict(zip(EXPORT_HEADER, row, strict=True)), cls=DjangoJSONEncoder)
+        sep = ",\n"
+    yield "\n]\n"

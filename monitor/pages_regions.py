@@ -1,0 +1,126 @@
+"""The regions matrix: for one task, every route x region on one metric, budget-coloured,
+with each region's fastest qualifying route marked. One rollup query."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from monitor import rollups, selection
+from monitor.models import Region, Route, Task
+from monitor.overview import STATUS_UNKNOWN, budget_status, stale_after
+from monitor.pages import Range
+from monitor.rollups import Stats
+
+# metric key -> (label, unit, which budget colours it)
+METRICS: dict[str, tuple[str, str, str]] = {
+    "ttft_p50": ("TTFT p50", "ms", ""),
+    "ttft_p95": ("TTFT p95", "ms", "ttft"),
+    "e2e_p50": ("e2e p50", "ms", ""),
+    "e2e_p95": ("e2e p95", "ms", "e2e"),
+    "tps_p50": ("speed p50", "tps", ""),
+    "error_rate": ("error rate", "pct", ""),
+}
+DEFAULT_METRIC = "ttft_p95"
+
+
+def value_of(stats: Stats | None, metric: str) -> float | None:
+    if stats is None:
+        return None
+    if metric == "error_rate":
+        return stats.error_rate
+    if metric == "tps_p50":
+        return stats.tps(50)
+    return stats.metric(metric)
+
+
+@dataclass
+class MatrixCell:
+    region: Region
+    value: float | None
+    status: str
+    winner: bool
+    stale: bool
+    probes: int
+
+
+@dataclass
+class MatrixRow:
+    route: Route
+    cells: list[MatrixCell]
+
+
+@dataclass
+class Matrix:
+    task: Task
+    metric: str
+    range: Range
+    regions: list[Region]
+    rows: list[MatrixRow]
+
+    @property
+    def label(self) -> str:
+        return METRICS[self.metric][0]
+
+    @property
+    def unit(self) -> str:
+        return METRICS[self.metric][1]
+
+    @property
+    def has_data(self) -> bool:
+        return any(c.probes for r in self.rows for c in r.cells)
+
+
+def build(task: Task, metric: str, window: Range, now: datetime) -> Matrix:
+    metric = metric if metric in METRICS else DEFAULT_METRIC
+    routes = [r for r in task.routes.select_related("provider") if r.is_active]
+    regions = list(task.regions.filter(is_active=True).order_by("name"))
+    until = now + timedelta(hours=1)
+    since = window.since(now)
+    per_cell = rollups.stats_by(
+        rollups.rows(since=since, until=until, grain=window.stats_grain).filter(task=task),
+        ["route_id", "region_id"],
+    )
+    quality = {
+        k[0]: s
+        for k, s in rollups.stats_by(
+            rollups.rows(
+                since=since, until=until, grain=window.stats_grain, all_regions=True
+            ).filter(task=task),
+            ["route_id"],
+            histograms=False,
+        ).items()
+    }
+    limit = stale_after(task)
+    winners: dict[int, int | None] = {}
+    for g in regions:
+        latency = {
+            r.pk: per_cell[(r.pk, g.pk)]
+            for r in routes
+            if (r.pk, g.pk) in per_cell
+            and (last := per_cell[(r.pk, g.pk)].last_probe_at) is not None
+            and now - last <= limit
+        }
+        choice = selection.choose(task, routes, latency, quality)  # type: ignore[arg-type]
+        winners[g.pk] = choice.winner.route.pk if choice.winner else None
+    budget_kind = METRICS[metric][2]
+    budget = {"ttft": task.ttft_p95_budget_ms, "e2e": task.e2e_p95_budget_ms}.get(budget_kind)
+    rows = []
+    for r in routes:
+        cells = []
+        for g in regions:
+            stats = per_cell.get((r.pk, g.pk))
+            value = value_of(stats, metric)
+            last = stats.last_probe_at if stats else None
+            cells.append(
+                MatrixCell(
+                    region=g,
+                    value=value,
+                    status=budget_status(value, budget) if budget_kind else STATUS_UNKNOWN,
+                    winner=winners.get(g.pk) == r.pk,
+                    stale=last is None or now - last > limit,
+                    probes=stats.count if stats else 0,
+                )
+            )
+        rows.append(MatrixRow(route=r, cells=cells))
+    return Matrix(task=task, metric=metric, range=window, regions=regions, rows=rows)

@@ -1,0 +1,223 @@
+"""The task page: every candidate route on quality vs speed, ranked, with the what-if.
+
+One rollup query (the task's rows over the window, in one region or all regions merged)
+gives both latency and quality; routes are chosen by monitor.selection, as on the overview.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, TypedDict
+
+from monitor import pages_whatif, rollups, selection
+from monitor.models import Region, Route, Task
+from monitor.overview import budget_status, stale_after
+from monitor.pages import Range
+from monitor.rollups import Stats
+
+Y_PASSING = "pass rate (%)"
+Y_QUALITY_INDEX = "quality index"
+
+
+@dataclass
+class RouteRow:
+    rank: int
+    route: Route
+    candidate: selection.Candidate
+    stats: Stats | None
+    is_winner: bool
+    stale: bool
+    ttft_status: str
+    e2e_status: str
+
+    def _q(self, metric: str, q: int) -> float | None:
+        if self.stats is None:
+            return None
+        value: float | None = getattr(self.stats, metric)(q)
+        return value
+
+    @property
+    def ttft_p50_ms(self) -> float | None:
+        return self._q("ttft_ms", 50)
+
+    @property
+    def ttft_p95_ms(self) -> float | None:
+        return self._q("ttft_ms", 95)
+
+    @property
+    def e2e_p50_ms(self) -> float | None:
+        return self._q("e2e_ms", 50)
+
+    @property
+    def e2e_p95_ms(self) -> float | None:
+        return self._q("e2e_ms", 95)
+
+    @property
+    def tps_p50(self) -> float | None:
+        return self._q("tps", 50)
+
+    @property
+    def error_rate(self) -> float | None:
+        return self.stats.error_rate if self.stats else None
+
+    @property
+    def probes(self) -> int:
+        return self.stats.count if self.stats else 0
+
+
+class ScatterPoint(TypedDict):
+    x: float  # the task's latency metric, in seconds
+    y: float
+    label: str
+    route_id: int
+    qualifies: bool
+    winner: bool
+    ttft_p50_ms: float | None
+    tps_p50: float | None
+    e2e_p95_ms: float | None
+
+
+class ScatterData(TypedDict):
+    x_label: str
+    y_label: str
+    bar: float | None
+    points: list[ScatterPoint]
+
+
+@dataclass
+class TaskPage:
+    task: Task
+    region: Region | None
+    range: Range
+    choice: selection.Choice
+    rows: list[RouteRow]
+    scatter: ScatterData
+    unplotted: list[RouteRow]  # no quality figure or no latency figure to plot
+    last_probe_at: datetime | None
+    whatif: pages_whatif.Form
+    whatif_lines: list[pages_whatif.Line]
+
+    @property
+    def has_data(self) -> bool:
+        return any(r.stats is not None and r.stats.count for r in self.rows)
+
+
+def _quality_y(task: Task, row: RouteRow) -> tuple[str, float | None, float | None]:
+    """The scatter's y axis: the task's own quality measure, and its bar."""
+    if task.min_pass_rate is None and task.min_quality_index is not None:
+        return Y_QUALITY_INDEX, row.route.quality_index, task.min_quality_index
+    rate = row.candidate.pass_rate
+    bar = task.min_pass_rate * 100 if task.min_pass_rate is not None else None
+    return Y_PASSING, rate * 100 if rate is not None else None, bar
+
+
+def build(
+    task: Task,
+    region: Region | None,
+    window: Range,
+    whatif_params: dict[str, str],
+    now: datetime,
+) -> TaskPage:
+    routes = [r for r in task.routes.select_related("provider") if r.is_active]
+    since = window.since(now)
+    until = now + timedelta(hours=1)
+    qs = rollups.rows(
+        since=since, until=until, grain=window.stats_grain, all_regions=region is None
+    ).filter(task=task)
+    if region is not None:
+        qs = qs.filter(region=region)
+    latency = {k[0]: s for k, s in rollups.stats_by(qs, ["route_id"]).items() if k[0] is not None}
+    if region is None:
+        quality = latency
+    else:
+        quality_qs = rollups.rows(
+            since=since, until=until, grain=window.stats_grain, all_regions=True
+        ).filter(task=task)
+        quality = {
+            k[0]: s
+            for k, s in rollups.stats_by(quality_qs, ["route_id"], histograms=False).items()
+            if k[0] is not None
+        }
+    limit = stale_after(task)
+    fresh = {
+        pk: s for pk, s in latency.items() if s.last_probe_at and now - s.last_probe_at <= limit
+    }
+    choice = selection.choose(task, routes, fresh, quality)
+    rows = []
+    for i, c in enumerate(choice.candidates, start=1):
+        stats = latency.get(c.route.pk)
+        last = stats.last_probe_at if stats else None
+        rows.append(
+            RouteRow(
+                rank=i,
+                route=c.route,
+                candidate=c,
+                stats=stats,
+                is_winner=choice.winner is not None and choice.winner.route.pk == c.route.pk,
+                stale=last is None or now - last > limit,
+                ttft_status=budget_status(
+                    stats.ttft_ms(95) if stats else None, task.ttft_p95_budget_ms
+                ),
+                e2e_status=budget_status(
+                    stats.e2e_ms(95) if stats else None, task.e2e_p95_budget_ms
+                ),
+            )
+        )
+    y_label, bar = Y_PASSING, None
+    points: list[ScatterPoint] = []
+    unplotted = []
+    for row in rows:
+        y_label, y, bar = _quality_y(task, row)
+        metric = row.stats.metric(task.latency_metric) if row.stats else None
+        if y is None or metric is None:
+            unplotted.append(row)
+            continue
+        points.append(
+            ScatterPoint(
+                x=round(metric / 1000, 4),
+                y=round(y, 2),
+                label=str(row.route),
+                route_id=row.route.pk,
+                qualifies=row.candidate.qualifies,
+                winner=row.is_winner,
+                ttft_p50_ms=row.ttft_p50_ms,
+                tps_p50=row.tps_p50,
+                e2e_p95_ms=row.e2e_p95_ms,
+            )
+        )
+    scatter = ScatterData(
+        x_label=f"{task.get_latency_metric_display()} (s)", y_label=y_label, bar=bar, points=points
+    )
+    defaults = {k: str(v) for k, v in whatif_defaults(task).items()}
+    form = pages_whatif.parse({**defaults, **{k: v for k, v in whatif_params.items() if v}})
+    speeds = [
+        pages_whatif.Speed(
+            name=str(row.route),
+            ttft_ms=row.ttft_p50_ms,
+            tokens_per_s=row.tps_p50,
+            price_input_per_mtok=row.route.price_input_per_mtok,
+            price_output_per_mtok=row.route.price_output_per_mtok,
+            route_id=row.route.pk,
+        )
+        for row in rows
+    ]
+    lines = pages_whatif.compare(form.scenario, speeds + form.custom)
+    last_probe = max((s.last_probe_at for s in latency.values() if s.last_probe_at), default=None)
+    return TaskPage(
+        task=task,
+        region=region,
+        range=window,
+        choice=choice,
+        rows=rows,
+        scatter=scatter,
+        unplotted=unplotted,
+        last_probe_at=last_probe,
+        whatif=form,
+        whatif_lines=lines,
+    )
+
+
+def whatif_defaults(task: Task) -> dict[str, Any]:
+    """The calculator starts from the task's own sizes."""
+    return {"calls": 10, "input": task.input_tokens, "output": task.max_tokens, "parallel": 1}

@@ -1,0 +1,65 @@
+"""Template helpers of the dashboard pages (number formats live in rw.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlencode
+
+from django import template
+
+from monitor.templatetags.rw import ms
+
+register = template.Library()
+
+STATUS_LABELS = {
+    "ok": "within budget",
+    "near": "near budget",
+    "over": "over budget",
+    "unknown": "no budget data",
+}
+
+
+@register.filter
+def status_label(status: str) -> str:
+    return STATUS_LABELS.get(status, STATUS_LABELS["unknown"])
+
+
+@register.filter
+def ms_or_few(value: float | None) -> str:
+    """A percentile, or why it is missing: the histograms hold too few samples for it."""
+    return "too few" if value is None else ms(value)
+
+
+@register.filter
+def tps_or_few(value: float | None) -> str:
+    return "too few" if value is None else f"{value:,.0f} tok/s"
+
+
+@register.filter
+def thousands(value: float | int | None) -> str:
+    return "—" if value is None else f"{value:,.0f}"
+
+
+@register.filter
+def times(value: float | None) -> str:
+    """A ratio between routes: 44x."""
+    if value is None:
+        return "—"
+    return f"{value:.1f}x" if value < 10 else f"{value:,.0f}x"
+
+
+@register.filter
+def usd(value: Any) -> str:
+    if value is None:
+        return "—"
+    amount = float(value)
+    return f"${amount:,.4f}" if amount < 1 else f"${amount:,.2f}"
+
+
+@register.simple_tag
+def query(params: Mapping[str, Any], **overrides: Any) -> str:
+    """`?a=1&b=2` from a dict plus overrides; an override of None or "" drops the key."""
+    merged = {**params, **overrides}
+    clean = {k: v for k, v in merged.items() if v not in (None, "")}
+    return "?" + urlencode(clean) if clean else "?"
