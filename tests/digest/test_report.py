@@ -1,0 +1,94 @@
+"""The digest's content from real rollups: why the fastest route changed, and what did not."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.contrib.auth.models import User
+from django.test import Client
+
+from monitor import digest, ingest
+from monitor.models import Task
+from tests.digest.conftest import WEEK_END, Scenario
+from tests.monitor import factories as f
+
+PERIOD = digest.period_ending(WEEK_END)
+
+
+def _probes(t, r, g, start, n, **kw):
+    return [f.payload(t, r, g, start + timedelta(minutes=i), **kw) for i in range(n)]
+
+
+def test_a_winner_that_drops_below_the_quality_bar_is_reported_as_quality_dropped(db: None) -> None:
+    p = f.provider()
+    fast, slow = f.route(p, "fast-model"), f.route(p, "slow-model")
+    eu = f.region("eu-west")
+    t = f.task("extract", [fast, slow], [eu], min_pass_rate=0.8)
+    this, last = WEEK_END - timedelta(days=1), WEEK_END - timedelta(days=8)
+    ingest.ingest(
+        [
+            *_probes(t, fast, eu, last, 20, e2e_ms=1000, quality_pass=True),
+            *_probes(t, slow, eu, last, 20, e2e_ms=3000, quality_pass=True),
+            # This week fast-model passes half its graded probes: under the 80% bar.
+            *_probes(t, fast, eu, this, 10, e2e_ms=1000, quality_pass=True),
+            *_probes(t, fast, eu, this + timedelta(hours=1), 10, e2e_ms=1000, quality_pass=False),
+            *_probes(t, slow, eu, this, 20, e2e_ms=3000, quality_pass=True),
+        ]
+    )
+    [report] = digest.build_report(Task.objects.filter(pk=t.pk), PERIOD)
+    [region] = report.regions
+    assert region.winner == slow
+    assert region.last_winner == fast
+    assert region.verdict == digest.VERDICT_CHANGED
+    assert region.why == digest.WHY_QUALITY
+    assert region.detail == "Acme / fast-model passed 50% of graded probes under the 80% bar."
+    assert report.regressions == []  # latency did not move
+
+
+def test_an_unchanged_winner_is_reported_as_unchanged_with_steady_figures(db: None) -> None:
+    p = f.provider()
+    fast = f.route(p, "fast-model")
+    eu = f.region("eu-west")
+    t = f.task("extract", [fast], [eu], e2e_p95_budget_ms=1000)
+    this, last = WEEK_END - timedelta(days=1), WEEK_END - timedelta(days=8)
+    ingest.ingest(
+        [
+            *_probes(t, fast, eu, last, 20, ttft_ms=300, e2e_ms=900),
+            *_probes(t, fast, eu, this, 20, ttft_ms=300, e2e_ms=950),
+        ]
+    )
+    [report] = digest.build_report(Task.objects.filter(pk=t.pk), PERIOD)
+    [region] = report.regions
+    assert region.verdict == digest.VERDICT_SAME
+    assert [c.direction for c in region.changes] == ["steady", "steady", "slower", "slower"]
+    assert region.e2e_budget == "near budget"  # 950 ms against 1000 ms
+    assert region.ttft_budget == "no data"  # the task sets no TTFT budget
+
+
+def test_results_outside_the_fortnight_are_not_counted(scenario: Scenario) -> None:
+    outside = WEEK_END + timedelta(minutes=5)  # after the week's end: next week's digest
+    ingest.ingest(
+        [
+            f.payload(scenario.task, scenario.fast, scenario.eu, outside, outcome="error"),
+            f.payload(scenario.task, scenario.fast, scenario.eu, WEEK_END - timedelta(days=15)),
+        ]
+    )
+    [report] = digest.build_report(Task.objects.filter(pk=scenario.task.pk), PERIOD)
+    assert (report.this_week.count, report.last_week.count) == (80, 60)
+    assert report.error_rate_this == "22.5%"
+
+
+def test_subscription_admin_lists_filters_and_searches(
+    client: Client, scenario: Scenario, admin_user: User, owner: User
+) -> None:
+    from tests.digest.conftest import subscribe
+
+    subscribe(owner)
+    client.force_login(admin_user)
+    url = "/admin/monitor/subscription/"
+    response = client.get(url, {"q": "owner@example"})
+    assert response.status_code == 200
+    assert b"owner" in response.content
+    assert client.get(url, {"is_active__exact": "1"}).status_code == 200
+    assert b"0 results" in client.get(url, {"q": "nobody-by-that-name"}).content
+    assert client.get(f"{url}add/").status_code == 200
