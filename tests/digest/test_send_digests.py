@@ -6,6 +6,7 @@ import re
 import threading
 from datetime import timedelta
 from io import StringIO
+from pathlib import Path
 
 import pytest
 import time_machine
@@ -13,6 +14,7 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.db import connection
 from django.test import Client
+from django.urls import reverse
 
 from monitor import digest
 from monitor.celery import app
@@ -315,3 +317,31 @@ def test_provider_supplied_text_is_escaped_in_the_html_digest(
     assert bad not in html
     assert "&lt;" in html
     assert bad in text_of(message)  # plain text is not HTML: shown as is
+
+
+def test_links_are_absolute_and_point_at_the_task_and_route_pages(
+    smtp: Inbox, scenario: Scenario, owner: User, settings: object
+) -> None:
+    subscribe(owner)
+    digest.send_due(NOW)
+    message = smtp.to("owner@example.com")[0]
+    site = settings.SITE_URL  # type: ignore[attr-defined]
+    task_url = site + reverse("rw-task", args=[scenario.task.slug])
+    route_url = site + reverse("rw-route", args=[scenario.fast.pk])
+    assert task_url in text_of(message)
+    assert f'href="{task_url}"' in html_of(message)
+    assert f'href="{route_url}"' in html_of(message)
+    assert f'href="{site}{reverse("rw-digest-settings")}"' in html_of(message)
+
+
+def test_the_demo_file_backend_writes_each_digest_to_a_file(
+    settings: object, scenario: Scenario, owner: User, tmp_path: Path
+) -> None:
+    settings.EMAIL_BACKEND = "django.core.mail.backends.filebased.EmailBackend"  # type: ignore[attr-defined]
+    settings.EMAIL_FILE_PATH = str(tmp_path)  # type: ignore[attr-defined]
+    subscribe(owner)
+    assert digest.send_due(NOW) == digest.SendSummary(sent=1)
+    [written] = list(tmp_path.iterdir())
+    content = written.read_text()
+    assert "Subject: Routewatch weekly: 1 task, 2 route changes, 2 regressions" in content
+    assert "To: owner@example.com" in content
