@@ -66,7 +66,7 @@ def lines(now: datetime) -> Iterator[str]:
             "region": region.slug,
         }
         for q in (50, 95):
-            quantile = {"quantile": f"0.{q}"}
+            quantile = {"quantile": str(q / 100)}
             ttft, e2e, tps = s.ttft_ms(q), s.e2e_ms(q), s.tps(q)
             if ttft is not None:
                 samples["routewatch_ttft_seconds"].append(

@@ -26,7 +26,7 @@ from monitor.models import EvalCase, Provider, Region, Route, Task
 from simulator.testing import CONFIGS, SimulatorProcess
 
 PROBES_PER_CELL = 24  # enough for p95 (20 samples), deliberately short of p99 (100)
-SPREAD = timedelta(hours=5)
+SPREAD = timedelta(hours=3)
 ROUTES = [  # (provider slug, model id)
     ("fastchip", "fast-small"),
     ("fastchip", "slow-large"),
@@ -76,7 +76,10 @@ def configure(base_url: str) -> World:
         providers[slug] = p
     routes = {
         model: Route.objects.create(
-            provider=providers[slug], model_id=model, price_input_per_mtok=1, price_output_per_mtok=4
+            provider=providers[slug],
+            model_id=model,
+            price_input_per_mtok=1,
+            price_output_per_mtok=4,
         )
         for slug, model in ROUTES
     }
@@ -89,7 +92,7 @@ def configure(base_url: str) -> World:
         slug="arithmetic",
         user_template="{input}",
         input_tokens=200,
-        max_tokens=40,
+        max_tokens=80,  # room for every simulated answer and its ANSWER line
         probe_interval_s=60,
         probe_timeout_s=10,
         min_pass_rate=0.8,
@@ -117,10 +120,12 @@ def _run_probes(world: World) -> list[dict[str, Any]]:
     for route in world.routes.values():
         for region in world.regions:
             for i in range(PROBES_PER_CELL):
-                at = now - SPREAD + SPREAD * (i + 0.5) / PROBES_PER_CELL
+                # The last probe of each cell is the freshest: routes are not stale.
+                at = now - SPREAD + SPREAD * (i + 1) / PROBES_PER_CELL - timedelta(seconds=5)
                 slot = scheduling.Slot(world.task, route, region, at.replace(microsecond=0))
                 messages.append(scheduling.probe_message(slot, cases, n=i))
-    with override_settings(TICK_SECONDS=1):
+    # Starts spread over 10 s (the worker spreads a batch over one tick): little contention.
+    with override_settings(TICK_SECONDS=10):
         return worker.run_batch({"region": "test", "probes": messages})
 
 

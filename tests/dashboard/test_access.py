@@ -98,7 +98,9 @@ def test_metrics_refuses_an_anonymous_scraper_without_the_token(
     assert response["WWW-Authenticate"].startswith("Bearer")
 
 
-def test_metrics_lets_a_scraper_in_with_the_bearer_token(client: Client, empty_world: World) -> None:
+def test_metrics_lets_a_scraper_in_with_the_bearer_token(
+    client: Client, empty_world: World
+) -> None:
     with override_settings(METRICS_BEARER_TOKEN="s3cret-scrape-token"):
         response = client.get(
             reverse("rw-metrics"), headers={"Authorization": "Bearer s3cret-scrape-token"}
@@ -121,5 +123,9 @@ def test_no_page_renders_a_provider_api_key(
     client.force_login(teammate)
     keys = [b"sk-test-fastchip", b"sk-test-claudish", b"sk-test-limited"]
     for url in [*_urls(probed_world), reverse("rw-metrics")]:
-        body = b"".join(client.get(url).streaming_content) if "export" in url else client.get(url).content
+        body = (
+            b"".join(client.get(url).streaming_content)
+            if "export" in url
+            else client.get(url).content
+        )
         assert not any(k in body for k in keys), url
