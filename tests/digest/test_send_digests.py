@@ -93,6 +93,7 @@ def test_due_subscribers_each_receive_exactly_one_digest_with_the_seeded_figures
     regressions = re.findall(r"- Acme / slow-model in US-EAST: (e2e p\d\d) .* \(\+(\d+)%\)", text)
     assert sorted(label for label, _ in regressions) == ["e2e p50", "e2e p95"]
     assert all(28 <= int(pct) <= 38 for _, pct in regressions)  # 3000 -> 4000 ms is +33%
+    assert "Latency budgets: met in 1 of 2 regions." in text
     assert "Errors: 22.5% of 80 probes (last week 0.0% of 60): http_5xx 18" in text
     assert "Probe spend: $0.1120 (last week $0.0840)" in text
     assert "Week of Mon 9 Nov 08:00 to Mon 16 Nov 2026 07:59 UTC" in text
