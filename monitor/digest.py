@@ -638,10 +638,10 @@ def send_one(sub: Subscription, now: datetime, reports: _Reports | None = None) 
 
 def send_due(now: datetime | None = None) -> SendSummary:
     """Send every due digest (the beat task). Safe to run in several processes at once."""
-    now = now or timezone.now()
     summary = SendSummary()
     reports = _Reports()
-    for sub in due(now):
-        outcome = send_one(sub, now, reports)
+    for sub in due(now or timezone.now()):
+        # Each claim's lease starts at its own claim, however long the run has taken so far.
+        outcome = send_one(sub, now or timezone.now(), reports)
         setattr(summary, outcome, getattr(summary, outcome) + 1)
     return summary
