@@ -69,6 +69,12 @@ def test_saving_creates_the_users_subscription_with_its_next_send_time(
     assert list(sub.tasks.all()) == [task]
     # Friday 20 Nov, 09:00 in Paris (UTC+1 in November) is 08:00 UTC.
     assert sub.next_send_at == datetime(2026, 11, 20, 8, 0, tzinfo=UTC)
+    with time_machine.travel(NOW, tick=False):
+        page = client.get(URL).content.decode()
+    assert (
+        'Next digest: <time datetime="2026-11-20T08:00:00+00:00">Fri 20 Nov 2026, 09:00 (Europe/Paris)'
+        in page
+    )
 
 
 def test_turning_the_digest_off_clears_the_next_send_time(client: Client, owner: User) -> None:
