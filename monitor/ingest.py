@@ -25,6 +25,7 @@ from monitor.models import (
     SLOT_MISSED,
     ProbeResult,
     ProbeSlot,
+    RaceRun,
     Route,
 )
 from monitor.rollups import ResultRow
@@ -201,7 +202,8 @@ def sweep_missed(now: datetime | None = None, limit: int = 5000) -> int:
 
 
 def delete_old_results(days: int, batch: int = 20_000) -> int:
-    """Retention: delete raw results (and closed slots) older than `days`; rollups stay."""
+    """Retention: delete raw results (and closed slots and races) older than `days`; rollups
+    stay."""
     cutoff = timezone.now() - timedelta(days=days)
     total = 0
     while True:
@@ -212,4 +214,5 @@ def delete_old_results(days: int, batch: int = 20_000) -> int:
             break
         total += ProbeResult.objects.filter(id__in=ids).delete()[0]
     ProbeSlot.objects.filter(slot_at__lt=cutoff).exclude(status=SLOT_DISPATCHED).delete()
+    RaceRun.objects.filter(slot_at__lt=cutoff).exclude(status=SLOT_DISPATCHED).delete()
     return total

@@ -6,7 +6,7 @@ from decimal import Decimal
 import pytest
 
 from monitor import hist, ingest, rollups
-from monitor.models import GRAIN_DAY, GRAIN_HOUR, ProbeResult, ProbeSlot, Rollup
+from monitor.models import GRAIN_DAY, GRAIN_HOUR, ProbeResult, ProbeSlot, RaceRun, Rollup
 from tests.monitor import factories as f
 
 T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
@@ -106,9 +106,19 @@ def test_retention_deletes_old_raw_rows_and_keeps_rollups(setup) -> None:
     t, r1, _, eu, _ = setup
     old = datetime.now(UTC) - timedelta(days=100)
     ingest.ingest([f.payload(t, r1, eu, old), f.payload(t, r1, eu, datetime.now(UTC))])
+    for at, status in (
+        (old, "done"),
+        (datetime.now(UTC), "done"),
+        (old + timedelta(minutes=5), "dispatched"),
+    ):
+        RaceRun.objects.create(
+            task=t, region=eu, slot_at=at, deadline_at=at + timedelta(minutes=5), status=status
+        )
     assert ingest.delete_old_results(days=90) == 1
     assert ProbeResult.objects.count() == 1
     assert Rollup.objects.filter(bucket_start__lt=old + timedelta(days=1)).exists()
+    # Old closed races go with the raw rows; an open one waits for its sweep.
+    assert sorted(RaceRun.objects.values_list("status", flat=True)) == ["dispatched", "done"]
 
 
 def test_the_sql_merge_of_histograms_matches_the_python_one(db: None) -> None:
