@@ -205,8 +205,18 @@ class EvalCaseAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_select_related = ["task"]
 
 
+class MeasurementAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Measurements are written by probes, never typed in or edited (deleting stays allowed)."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
 @admin.register(ProbeResult)
-class ProbeResultAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class ProbeResultAdmin(MeasurementAdmin):
     list_display = [
         "started_at",
         "task",
@@ -225,26 +235,14 @@ class ProbeResultAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     date_hierarchy = "started_at"
     show_full_result_count = False  # COUNT(*) over millions of rows is slow; admin pages stay fast
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
 
 @admin.register(RaceRun)
-class RaceRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class RaceRunAdmin(MeasurementAdmin):
     list_display = ["started_at", "task", "region", "status", "winner", "winner_ms", "loser_tokens"]
     list_filter = ["status", "task", "region"]
     search_fields = ["task__name", "winner__model_id"]
     list_select_related = ["task", "region", "winner__provider"]
     date_hierarchy = "started_at"
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
 
 
 @admin.register(Heartbeat)

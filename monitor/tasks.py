@@ -31,14 +31,17 @@ def tick() -> dict[str, int]:
     return scheduling.tick()
 
 
-@shared_task(
-    name="monitor.tasks.run_probe_batch",
-    acks_late=True,
-    reject_on_worker_lost=True,
-    # A batch runs for at most the longest probe deadline; the limits sit above that.
-    soft_time_limit=settings.CELERY_TASK_SOFT_TIME_LIMIT * 4,
-    time_limit=settings.CELERY_TASK_TIME_LIMIT * 4,
-)
+# Region-queue tasks: acked only when done (a killed worker's message goes back to the queue);
+# a batch or race runs for at most the longest probe deadline, and the limits sit above that.
+REGION_TASK_OPTIONS: dict[str, Any] = {
+    "acks_late": True,
+    "reject_on_worker_lost": True,
+    "soft_time_limit": settings.CELERY_TASK_SOFT_TIME_LIMIT * 4,
+    "time_limit": settings.CELERY_TASK_TIME_LIMIT * 4,
+}
+
+
+@shared_task(name="monitor.tasks.run_probe_batch", **REGION_TASK_OPTIONS)
 def run_probe_batch(batch: dict[str, Any]) -> int:
     """On a region worker: run a batch of probes, send the results to ingest over the broker."""
     from monitor import worker
@@ -62,13 +65,7 @@ def delete_old_results() -> int:
     return ingest.delete_old_results(settings.RAW_RETENTION_DAYS)
 
 
-@shared_task(
-    name="monitor.tasks.run_race",
-    acks_late=True,
-    reject_on_worker_lost=True,
-    soft_time_limit=settings.CELERY_TASK_SOFT_TIME_LIMIT * 4,
-    time_limit=settings.CELERY_TASK_TIME_LIMIT * 4,
-)
+@shared_task(name="monitor.tasks.run_race", **REGION_TASK_OPTIONS)
 def run_race(message: dict[str, Any]) -> str | None:
     """On a region worker: run one race, send its result to ingest over the broker."""
     from monitor import worker
