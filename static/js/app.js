@@ -23,8 +23,11 @@
     };
   }
 
+  // The JSON sits in a json_script element inside a <template>: htmx (allowScriptTags off)
+  // removes every <script> from swapped content, but does not look inside templates.
   function readData(canvas) {
-    var source = document.getElementById(canvas.dataset.source);
+    var holder = document.getElementById(canvas.dataset.source);
+    var source = holder && holder.content ? holder.content.querySelector("script") : holder;
     if (!source) return null;
     try {
       return JSON.parse(source.textContent);

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 import re
 from datetime import timedelta
 from decimal import Decimal
+from typing import Any
 
 from django.contrib.auth.models import User
 from django.test import Client, override_settings
@@ -24,6 +26,17 @@ def _get(client: Client, url: str, **params: str) -> str:
     response = client.get(url, params)
     assert response.status_code == 200, (url, response.status_code)
     return response.content.decode()
+
+
+def _json(body: str, element_id: str) -> Any:
+    """Chart data: a json_script element inside <template id=...> (see static/js/app.js)."""
+    m = re.search(
+        rf'<template id="{element_id}"><script type="application/json">(.*?)</script></template>',
+        body,
+        re.S,
+    )
+    assert m, element_id
+    return json.loads(m.group(1))
 
 
 def _as_ms(text: str) -> float:
@@ -63,12 +76,14 @@ def test_the_task_page_ranks_the_fastest_qualifier_first_and_dims_the_rest(
     assert "below the quality bar" in _row(body, f'data-route="{slow.pk}"')
     # The rate-limited route mostly fails with 429s: too few graded probes to qualify.
     assert "dimmed" in classes[limited.pk]
-    scatter = json.loads(re.search(r'id="scatter-data"[^>]*>(.*?)</script>', body, re.S).group(1))  # type: ignore[union-attr]
+    scatter = _json(body, "scatter-data")
     assert scatter["bar"] == 80.0
     points = {p["route_id"]: p for p in scatter["points"]}
-    assert points[winner]["winner"] and points[winner]["y"] >= 80
+    assert points[winner]["winner"]
+    assert points[winner]["y"] >= 80
     assert [p["route_id"] for p in scatter["points"] if p["winner"]] == [winner]
-    assert not points[slow.pk]["qualifies"] and points[slow.pk]["y"] < 80
+    assert not points[slow.pk]["qualifies"]
+    assert points[slow.pk]["y"] < 80
 
 
 def test_the_task_page_for_one_region_reads_that_regions_rollups(
@@ -90,19 +105,18 @@ def test_the_route_page_shows_percentiles_by_region_and_says_p99_has_too_few_sam
         row = _row(body, f'<tr data-region="{slug}"')
         cells = re.findall(r'<td class="num">([^<]*)</td>', row)
         ttft_p50, ttft_p95, ttft_p99 = cells[0:3]
-        assert ttft_p50.endswith("ms") and ttft_p95.endswith("ms")
+        assert ttft_p50.endswith("ms")
+        assert ttft_p95.endswith("ms")
         assert ttft_p99 == "too few"  # 24 or 48 probes: p99 needs 100
-    series = json.loads(re.search(r'id="series-data"[^>]*>(.*?)</script>', body, re.S).group(1))  # type: ignore[union-attr]
+    series = _json(body, "series-data")
     assert len(series["labels"]) >= 3  # probes spread over three hours: one point an hour
     assert set(series["ttft_ms"]) == {"p50", "p95", "p99"}
     assert all(v is None for v in series["ttft_ms"]["p99"])
     # Waterfall of the median probe: phases in order, ending at its e2e.
-    segments = json.loads(
-        re.search(r'id="waterfall-data"[^>]*>(.*?)</script>', body, re.S).group(1)
-    )  # type: ignore[union-attr]
+    segments = _json(body, "waterfall-data")
     names = [s["name"] for s in segments]
     assert names[-3:] == ["upload", "queue + prefill", "decode"]
-    assert all(a["end_ms"] <= b["start_ms"] + 0.11 for a, b in zip(segments, segments[1:]))
+    assert all(a["end_ms"] <= b["start_ms"] + 0.11 for a, b in itertools.pairwise(segments))
     median = ProbeResult.objects.filter(route=route, outcome="ok", e2e_ms__isnull=False)
     assert any(abs(segments[-1]["end_ms"] - p.e2e_ms) < 0.11 for p in median)  # type: ignore[operator]
 
@@ -119,7 +133,8 @@ def test_the_route_page_compares_the_probe_options_the_task_probes_both_ways(
         ("request body", "JSON", "msgpack + gzip"),
     ):
         table = body[body.index(f'data-dimension="{dimension}"') :].split("</table>")[0]
-        assert f">{a}</th>" in table and f">{b}</th>" in table
+        assert f">{a}</th>" in table
+        assert f">{b}</th>" in table
     # The prefix mode was probed one way only: no comparison for it.
     assert 'data-dimension="prompt prefix"' not in body
     # Every cold probe paid for connection setup, so cold has a setup time.
@@ -192,14 +207,16 @@ def test_the_probe_log_filters_by_outcome_and_pages_back(
     client.force_login(teammate)
     errors = _get(client, reverse("rw-log"), outcome="error")
     outcomes = re.findall(r'<tr class="outcome-(\w+)" data-result', errors)
-    assert outcomes and set(outcomes) == {"error"}
+    assert outcomes
+    assert set(outcomes) == {"error"}
     first = _get(client, reverse("rw-log"))
     first_ids = re.findall(r'data-result="(\d+)"', first)
     assert len(first_ids) == 50
     older = re.search(r'id="older" href="([^"]+)"', first).group(1).replace("&amp;", "&")  # type: ignore[union-attr]
     second = client.get(older).content.decode()
     second_ids = re.findall(r'data-result="(\d+)"', second)
-    assert second_ids and not set(first_ids) & set(second_ids)
+    assert second_ids
+    assert not set(first_ids) & set(second_ids)
     # Newest first across the page boundary.
     assert int(ProbeResult.objects.get(pk=first_ids[-1]).started_at.timestamp()) >= int(
         ProbeResult.objects.get(pk=second_ids[0]).started_at.timestamp()
@@ -228,9 +245,8 @@ def test_the_csv_export_streams_the_filtered_rows(
     rows = list(csv.DictReader(io.StringIO(b"".join(response.streaming_content).decode())))
     expected = ProbeResult.objects.filter(route=route, region__slug="eu-west").count()
     assert len(rows) == expected == 24
-    assert {r["model"] for r in rows} == {"slow-large"} and {r["region"] for r in rows} == {
-        "eu-west"
-    }
+    assert {r["model"] for r in rows} == {"slow-large"}
+    assert {r["region"] for r in rows} == {"eu-west"}
     assert [r["started_at"] for r in rows] == sorted(r["started_at"] for r in rows)
 
 
@@ -373,7 +389,8 @@ def test_every_page_has_an_empty_state_before_the_first_probe(
     client.force_login(teammate)
     assert "No probes yet" in _get(client, reverse("rw-overview"))
     task = _get(client, reverse("rw-task", args=["arithmetic"]))
-    assert "No measurements in this window yet" in task and "Nothing to plot yet" in task
+    assert "No measurements in this window yet" in task
+    assert "Nothing to plot yet" in task
     route = _get(client, reverse("rw-route", args=[empty_world.routes["fast-small"].pk]))
     assert "No measurements in this window yet" in route
     assert "No measurements for Arithmetic" in _get(client, reverse("rw-regions"))
@@ -437,7 +454,8 @@ def test_provider_text_is_escaped_everywhere_it_is_shown(
         reverse("rw-log") + "?outcome=error",
     ):
         body = _get(client, url)
-        assert "<script>alert" not in body and 'hx-get="/x"' not in body, url
+        assert "<script>alert" not in body, url
+        assert 'hx-get="/x"' not in body, url
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in body or "\\u003Cscript\\u003E" in body, (
             url
         )
