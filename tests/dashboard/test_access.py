@@ -124,7 +124,7 @@ def test_no_page_renders_a_provider_api_key(
     keys = [b"sk-test-fastchip", b"sk-test-claudish", b"sk-test-limited"]
     for url in [*_urls(probed_world), reverse("rw-metrics")]:
         body = (
-            b"".join(client.get(url).streaming_content)
+            b"".join(client.get(url).streaming_content)  # type: ignore[attr-defined]
             if "export" in url
             else client.get(url).content
         )

@@ -17,7 +17,7 @@ from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
 from django.utils import timezone
-from playwright.sync_api import Browser, BrowserContext, Page
+from playwright.sync_api import Browser, BrowserContext, Dialog, Page
 
 from monitor.models import ProbeResult, RaceRun
 from monitor.pages_whatif import Scenario, estimate
@@ -118,7 +118,11 @@ class Session:
             "response",
             lambda r: self.errors.append(f"{r.status} {r.url}") if r.status >= 400 else None,
         )
-        self.page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
+        self.page.on("dialog", self._dialog)
+
+    def _dialog(self, dialog: Dialog) -> None:
+        self.dialogs.append(dialog.message)
+        dialog.dismiss()
 
     def open(self, path: str) -> Page:
         response = self.page.goto(self.base_url + path)
