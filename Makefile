@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 TYPECHECK_ENV := SECRET_KEY=typecheck FIELD_ENCRYPTION_KEYS=YWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWE= \
 	DATABASE_URL=postgresql://typecheck@localhost/typecheck REDIS_URL=redis://localhost:6379/0
 
-.PHONY: run test lint typecheck pytest bench bench-simulator bench-probes bench-scale vendor clean
+.PHONY: run test lint typecheck pytest bench bench-simulator bench-probes bench-scale bench-pages vendor clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,10 @@ bench-probes: $(STAMP)
 
 bench-scale: $(STAMP)
 	$(PY) -m monitor.devstack exec -- $(PY) bench/bench_scale.py $(ARGS)
+
+# Server time of every dashboard page on the scale data set (ARGS="--days 30" for a month).
+bench-pages: $(STAMP)
+	$(PY) -m monitor.devstack exec -- $(PY) bench/bench_pages.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

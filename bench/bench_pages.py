@@ -1,0 +1,212 @@
+"""Page benchmark: server time of every dashboard page on the scale benchmark's data set.
+
+    make bench-pages                          # the year: 15.8M raw rows (loads once, slowly)
+    make bench-pages ARGS="--days 30"         # a month (1.3M rows) in database routewatch_pages_30d
+    make bench-pages ARGS="--days 30 --reload"
+
+Loads with bench/bench_scale.py's loader (imported, not copied) into its own database per size
+(routewatch_bench for the full year, so a year loaded by `make bench-scale` is reused). Server
+time is one request through the whole Django stack (middleware, session, view, template) with
+Django's test client, repeated; p50 and p95 per page. Target: p95 <= 100 ms on the year.
+Baseline, in the same run: the naive reads of the same figures from raw rows
+(percentile_cont over probe results, an unbounded ORDER BY for the log); ratio = naive / page p50.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench import bench_scale  # noqa: E402
+
+TARGET_P95_MS = 100.0
+
+
+def _naive(sql: str, params: list[object]) -> Callable[[], object]:
+    def run() -> object:
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall()
+
+    return run
+
+
+NAIVE_BY_TASK_ROUTE_REGION = """
+SELECT route_id, region_id,
+  percentile_cont(ARRAY[0.5, 0.95]) WITHIN GROUP (ORDER BY ttft_ms),
+  percentile_cont(ARRAY[0.5, 0.95]) WITHIN GROUP (ORDER BY e2e_ms),
+  percentile_cont(0.5) WITHIN GROUP (ORDER BY tps), avg(quality_pass::int), max(started_at)
+FROM monitor_proberesult
+WHERE started_at >= %s AND outcome = 'ok' {task}
+GROUP BY 1, 2
+"""
+
+NAIVE_ROUTE_SERIES = """
+SELECT date_trunc(%s, started_at), region_id,
+  percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY ttft_ms),
+  percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY e2e_ms),
+  percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY tps)
+FROM monitor_proberesult
+WHERE route_id = %s AND task_id = %s AND started_at >= %s AND outcome = 'ok'
+GROUP BY 1, 2 ORDER BY 1
+"""
+
+NAIVE_LOG = """
+SELECT r.* FROM monitor_proberesult AS r ORDER BY started_at DESC, id DESC LIMIT 50
+"""
+
+
+def measure(now: datetime, repeat: int) -> list[tuple[str, list[float], list[float] | None]]:
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    from monitor.models import Route, Task
+
+    user, _ = User.objects.get_or_create(username="bench-pages")
+    client = Client(SERVER_NAME="localhost")
+    client.force_login(user)
+    task = Task.objects.order_by("slug").first()
+    assert task is not None, "no data set loaded"
+    route = task.routes.order_by("pk")[3]
+    other = Route.objects.order_by("pk")[17]
+
+    def get(url: str, htmx: bool = False) -> Callable[[], object]:
+        headers = {"HX-Request": "true", "HX-Target": "overview-body"} if htmx else {}
+
+        def run() -> object:
+            response = client.get(url, headers=headers)
+            assert response.status_code == 200, (url, response.status_code)
+            if getattr(response, "streaming", False):
+                return b"".join(response.streaming_content)  # type: ignore[attr-defined]
+            return response.content
+
+        return run
+
+    day, week, month = (now - timedelta(days=d) for d in (1, 7, 30))
+    task_sql = NAIVE_BY_TASK_ROUTE_REGION.replace("{task}", "AND task_id = %s")
+    all_sql = (
+        NAIVE_BY_TASK_ROUTE_REGION.replace("{task}", "")
+        .replace("SELECT route_id", "SELECT task_id, route_id")
+        .replace("GROUP BY 1, 2", "GROUP BY 1, 2, 3")
+    )
+    hour = now - timedelta(hours=1)
+    pages: list[tuple[str, Callable[[], object], Callable[[], object] | None]] = [
+        ("overview", get("/"), _naive(all_sql, [day])),
+        ("overview (htmx refresh)", get("/", htmx=True), None),
+        (f"task {task.slug}, 24 h", get(f"/tasks/{task.slug}/"), _naive(task_sql, [day, task.pk])),
+        (
+            f"task {task.slug}, one region, 7 d",
+            get(f"/tasks/{task.slug}/?region=r1&range=7d"),
+            _naive(task_sql, [week, task.pk]),
+        ),
+        (
+            "route, 24 h",
+            get(f"/routes/{route.pk}/?task={task.slug}"),
+            _naive(NAIVE_ROUTE_SERIES, ["hour", route.pk, task.pk, day]),
+        ),
+        (
+            "route, 7 d",
+            get(f"/routes/{route.pk}/?task={task.slug}&range=7d"),
+            _naive(NAIVE_ROUTE_SERIES, ["hour", route.pk, task.pk, week]),
+        ),
+        (
+            "route, 30 d, one region",
+            get(f"/routes/{other.pk}/?region=r2&range=30d"),
+            _naive(NAIVE_ROUTE_SERIES, ["day", other.pk, other.tasks.get().pk, month]),
+        ),
+        ("regions matrix", get(f"/regions/?task={task.slug}"), _naive(task_sql, [day, task.pk])),
+        ("probe log", get("/log/"), _naive(NAIVE_LOG, [])),
+        (
+            "probe log, route + errors, 7 d",
+            get(f"/log/?route={route.pk}&outcome=error&range=7d"),
+            None,
+        ),
+        ("races", get(f"/races/?task={task.slug}"), None),
+        ("/metrics", get("/metrics"), _naive(all_sql, [hour])),
+        (
+            "export JSON, one route, 24 h",
+            get(f"/export/results.json?route={route.pk}&range=24h"),
+            None,
+        ),
+    ]
+    out = []
+    for name, page, naive in pages:
+        page_ms = bench_scale._timeit(page, repeat)
+        naive_ms = bench_scale._timeit(naive, max(2, repeat // 10)) if naive else None
+        out.append((name, page_ms, naive_ms))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--days", type=int, default=bench_scale.DAYS, help="365 = the 15.8M target")
+    parser.add_argument("--reload", action="store_true", help="drop and reload the data set")
+    parser.add_argument("--repeat", type=int, default=40)
+    ns = parser.parse_args()
+    if ns.days != bench_scale.DAYS:
+        # A smaller data set lives in a database of its own, never mistaken for the year.
+        bench_scale.BENCH_DB = f"routewatch_pages_{ns.days}d"
+
+    admin_url = os.environ["DATABASE_URL"]
+    bench_scale._ensure_database(admin_url, drop=ns.reload)
+    os.environ["DATABASE_URL"] = bench_scale._bench_url(admin_url)
+    subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "migrate", "--noinput", "-v0"], check=True
+    )
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "monitor.settings")
+    import django
+
+    django.setup()
+    from django.db import connection
+
+    from monitor.models import ProbeResult
+
+    now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+    bench_scale.check_buckets()
+    loaded = ProbeResult.objects.filter(started_at__gt=now - timedelta(days=2)).exists()
+    if ns.reload or not loaded:
+        t0 = time.perf_counter()
+        bench_scale.load(now, ns.days)
+        print(f"loaded in {time.perf_counter() - t0:.0f} s", flush=True)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT reltuples::bigint FROM pg_class WHERE relname = 'monitor_proberesult'"
+        )
+        rows = cursor.fetchone()[0]
+        cursor.execute("SELECT max(last_probe_at) FROM monitor_rollup WHERE grain = 'day'")
+        latest = cursor.fetchone()[0]
+    # Pages read "now": the data set ends at its load time, so reads look back from there.
+    import time_machine
+
+    with time_machine.travel(latest + timedelta(minutes=1), tick=True):
+        from django.utils import timezone
+
+        results = measure(timezone.now(), ns.repeat)
+    print(f"\ndatabase {bench_scale.BENCH_DB}: {rows:,} raw rows (estimate), {ns.days} days")
+    print(f"{'page (server time)':36} {'p50':>8} {'p95':>8} {'naive raw':>10} {'ratio':>7}")
+    worst = 0.0
+    for name, page_ms, naive_ms in results:
+        p50, p95 = statistics.median(page_ms), bench_scale._p(page_ms, 0.95)
+        worst = max(worst, p95)
+        naive = statistics.median(naive_ms) if naive_ms else None
+        naive_text = f"{naive:8.0f}ms" if naive is not None else f"{'—':>10}"
+        ratio = f"{naive / p50:6.0f}x" if naive is not None else f"{'—':>7}"
+        flag = "ok" if p95 <= TARGET_P95_MS else "OVER 100 ms"
+        print(f"{name:36} {p50:6.1f}ms {p95:6.1f}ms {naive_text} {ratio}  {flag}")
+    print(f"\nslowest page p95: {worst:.1f} ms (target {TARGET_P95_MS:.0f} ms)")
+
+
+if __name__ == "__main__":
+    main()
