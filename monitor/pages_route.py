@@ -244,32 +244,38 @@ def waterfall(probe: dict[str, Any] | None) -> list[Segment]:
 def headroom(
     route: Route, regions: list[Region], window_stats: dict[int | None, Stats], now: datetime
 ) -> list[Headroom]:
+    """The latest rate-limit headers per region (one DISTINCT ON read of the last 24 h)."""
+    latest = {
+        row["region_id"]: row
+        for row in ProbeResult.objects.filter(
+            route=route, region__in=regions, started_at__gte=now - RAW_WINDOW
+        )
+        .filter(
+            Q(ratelimit_remaining_requests__isnull=False)
+            | Q(ratelimit_remaining_tokens__isnull=False)
+            | Q(retry_after_s__isnull=False)
+        )
+        .order_by("region_id", "-started_at")
+        .distinct("region_id")
+        .values(
+            "region_id",
+            "started_at",
+            "ratelimit_remaining_requests",
+            "ratelimit_remaining_tokens",
+            "retry_after_s",
+        )
+    }
     out = []
     for region in regions:
-        latest = (
-            ProbeResult.objects.filter(route=route, region=region, started_at__gte=now - RAW_WINDOW)
-            .filter(
-                Q(ratelimit_remaining_requests__isnull=False)
-                | Q(ratelimit_remaining_tokens__isnull=False)
-                | Q(retry_after_s__isnull=False)
-            )
-            .order_by("-started_at")
-            .values(
-                "started_at",
-                "ratelimit_remaining_requests",
-                "ratelimit_remaining_tokens",
-                "retry_after_s",
-            )
-            .first()
-        )
+        row = latest.get(region.pk)
         stats = window_stats.get(region.pk)
         out.append(
             Headroom(
                 region=region,
-                started_at=latest["started_at"] if latest else None,
-                remaining_requests=latest["ratelimit_remaining_requests"] if latest else None,
-                remaining_tokens=latest["ratelimit_remaining_tokens"] if latest else None,
-                retry_after_s=latest["retry_after_s"] if latest else None,
+                started_at=row["started_at"] if row else None,
+                remaining_requests=row["ratelimit_remaining_requests"] if row else None,
+                remaining_tokens=row["ratelimit_remaining_tokens"] if row else None,
+                retry_after_s=row["retry_after_s"] if row else None,
                 throttled=stats.error_kinds.get("http_429", 0) if stats else 0,
             )
         )

@@ -14,9 +14,7 @@ from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from monitor import (
-    overview as overview_data,
-)
+from monitor import overview as overview_data
 from monitor import (
     pages_log,
     pages_metrics,
@@ -27,7 +25,17 @@ from monitor import (
     pages_whatif,
 )
 from monitor.http import HtmxHttpRequest
-from monitor.models import ERROR_KINDS, GRAIN_HOUR, OUTCOMES, Heartbeat, Region, Rollup, Route, Task
+from monitor.models import (
+    ERROR_KINDS,
+    GRAIN_DAY,
+    GRAIN_HOUR,
+    OUTCOMES,
+    Heartbeat,
+    Region,
+    Rollup,
+    Route,
+    Task,
+)
 from monitor.pages import RANGES, may_read, parse_range, readonly_page
 
 
@@ -47,12 +55,14 @@ def _region(slug: str | None, task: Task | None = None) -> Region | None:
 
 
 def _last_probe_at() -> datetime | None:
-    """From the rollups (two days of hourly rows), not a scan of the raw results."""
-    since = timezone.now() - timedelta(days=2)
-    found = Rollup.objects.filter(grain=GRAIN_HOUR, bucket_start__gte=since).aggregate(
-        last=Max("last_probe_at")
-    )
-    last: datetime | None = found["last"]
+    """From the rollups, not a scan of the raw results: the last few hourly rows, or (when
+    nothing ran lately) the daily rows."""
+    since = timezone.now() - timedelta(hours=3)
+    recent = Rollup.objects.filter(grain=GRAIN_HOUR, bucket_start__gte=since, region__isnull=True)
+    last: datetime | None = recent.aggregate(last=Max("last_probe_at"))["last"]
+    if last is None:
+        daily = Rollup.objects.filter(grain=GRAIN_DAY, region__isnull=True)
+        last = daily.aggregate(last=Max("last_probe_at"))["last"]
     return last
 
 
