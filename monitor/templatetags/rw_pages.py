@@ -37,6 +37,11 @@ def tps_or_few(value: float | None) -> str:
 
 
 @register.filter
+def number_or_few(value: float | None) -> str:
+    return "too few" if value is None else f"{value:,.0f}"
+
+
+@register.filter
 def thousands(value: float | int | None) -> str:
     return "—" if value is None else f"{value:,.0f}"
 
