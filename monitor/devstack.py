@@ -52,18 +52,23 @@ def _pump(name: str, stream: object) -> None:
         print(f"{name:<{width}}| {line}", flush=True)
 
 
-def _prepare_env(var_dir: Path, extra: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+@dataclass
+class Stack:
+    env: dict[str, str]
+    embedded: list[str]  # variables served by embedded servers (unset in the environment)
+    started: list[str]  # of those, the servers this process started (and so stops)
+
+
+def _prepare_env(var_dir: Path, extra: dict[str, str]) -> Stack:
     env = dict(os.environ)
     env.update(extra)
     env["RW_VAR_DIR"] = str(var_dir)
     env.setdefault("DJANGO_SETTINGS_MODULE", "monitor.settings")
     env.setdefault("PYTHONUNBUFFERED", "1")
-    started: list[str] = []
-    for name in ("DATABASE_URL", "REDIS_URL"):
-        if not env.get(name):
-            started.append(name)
+    unset = [name for name in ("DATABASE_URL", "REDIS_URL") if not env.get(name)]
+    already = embedded.running(var_dir)
     embedded.ensure(var_dir, env)
-    return env, started
+    return Stack(env, unset, [name for name in unset if name not in already])
 
 
 def _manage(env: dict[str, str], *args: str, quiet: bool = False) -> None:
@@ -233,9 +238,10 @@ def run(port: int) -> int:
         "EMAIL_BACKEND": "django.core.mail.backends.filebased.EmailBackend",
     }
     extra = {k: v for k, v in demo_env.items() if k not in os.environ}
-    env, started = _prepare_env(var_dir, extra)
-    if started:
-        _say(f"embedded {' and '.join(started)} with data under {var_dir}")
+    stack = _prepare_env(var_dir, extra)
+    env = stack.env
+    if stack.embedded:
+        _say(f"embedded {' and '.join(stack.embedded)} with data under {var_dir}")
     _say("migrating the database")
     _manage(env, "migrate", "--noinput", quiet=True)
     _manage(env, "collectstatic", "--noinput", quiet=True)
@@ -279,8 +285,7 @@ def run(port: int) -> int:
         stopping.wait(0.5)
     _say("stopping")
     _stop_children(children)
-    if started:
-        embedded.stop(var_dir)
+    embedded.stop(var_dir, stack.started)
     _say("stopped; data kept under ./var (a second `make run` picks it up)")
     return exit_code
 
@@ -288,25 +293,24 @@ def run(port: int) -> int:
 def test(pytest_args: list[str]) -> int:
     # RW_TEST_VAR_DIR lets two suites run side by side, each with its own embedded servers.
     var_dir = Path(os.environ.get("RW_TEST_VAR_DIR") or ROOT / "var" / "test")
-    env, started = _prepare_env(var_dir, {"PROVIDER_ALLOW_PRIVATE_NETWORKS": "true"})
-    if len(started) < 2:  # tests that restart servers need the embedded ones
+    stack = _prepare_env(var_dir, {"PROVIDER_ALLOW_PRIVATE_NETWORKS": "true"})
+    env = stack.env
+    if len(stack.embedded) < 2:  # tests that restart servers need the embedded ones
         env["RW_EXTERNAL_SERVICES"] = "1"
     try:
         _manage(env, "collectstatic", "--noinput", quiet=True)
         result = subprocess.run([PY, "-m", "pytest", *pytest_args], env=env, cwd=ROOT)
         return result.returncode
     finally:
-        if started:
-            embedded.stop(var_dir)
+        embedded.stop(var_dir, stack.started)
 
 
 def exec_(argv: list[str]) -> int:
-    env, started = _prepare_env(embedded.DEFAULT_VAR, {})
+    stack = _prepare_env(embedded.DEFAULT_VAR, {})
     try:
-        return subprocess.run(argv, env=env, cwd=ROOT).returncode
+        return subprocess.run(argv, env=stack.env, cwd=ROOT).returncode
     finally:
-        if started:
-            embedded.stop(embedded.DEFAULT_VAR)
+        embedded.stop(embedded.DEFAULT_VAR, stack.started)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -268,10 +269,37 @@ def ensure(var_dir: Path = DEFAULT_VAR, env: dict[str, str] | None = None) -> di
     return added
 
 
-def stop(var_dir: Path = DEFAULT_VAR) -> None:
-    stop_redis(var_dir)
-    stop_postgres(var_dir)
-    state_path(var_dir).unlink(missing_ok=True)
+def postgres_running(var_dir: Path) -> bool:
+    try:
+        pid = int((var_dir / "postgres" / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    return _pid_alive(pid)
+
+
+def running(var_dir: Path = DEFAULT_VAR) -> set[str]:
+    """Which embedded servers already run for this var dir ("DATABASE_URL", "REDIS_URL")."""
+    found = set()
+    if postgres_running(var_dir):
+        found.add("DATABASE_URL")
+    if redis_port(var_dir) is not None:
+        found.add("REDIS_URL")
+    return found
+
+
+def stop(var_dir: Path = DEFAULT_VAR, which: Iterable[str] = ("DATABASE_URL", "REDIS_URL")) -> None:
+    """Stop the named embedded servers (by default both). A process stops only what it started:
+    a server another command is still using stays up."""
+    which = set(which)
+    if "REDIS_URL" in which:
+        stop_redis(var_dir)
+    if "DATABASE_URL" in which:
+        stop_postgres(var_dir)
+    state = {k: v for k, v in read_state(var_dir).items() if k not in which}
+    if state:
+        _write_state(var_dir, state)
+    else:
+        state_path(var_dir).unlink(missing_ok=True)
 
 
 def wipe(var_dir: Path) -> None:
