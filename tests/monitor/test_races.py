@@ -73,10 +73,15 @@ def test_every_lane_of_a_race_sends_the_same_request(world) -> None:
 
 def test_a_race_past_its_deadline_is_recorded_missed(world) -> None:
     t, _, _ = world
-    races.claim(races.due_races(NOW, {}))
-    assert races.sweep_missed(NOW + timedelta(seconds=10)) == 0
-    late = NOW + timedelta(seconds=t.probe_timeout_s) + scheduling.grace() + timedelta(seconds=1)
-    assert races.sweep_missed(late) == 2
+    claimed = races.claim(races.due_races(NOW, {}))
+    # The deadline is the race's own slot time plus the probe deadline and the grace.
+    last_deadline = max(races.deadline(t, at) for _, _, at in claimed)
+    assert set(RaceRun.objects.values_list("deadline_at", flat=True)) == {
+        races.deadline(t, at) for _, _, at in claimed
+    }
+    first_deadline = min(races.deadline(t, at) for _, _, at in claimed)
+    assert races.sweep_missed(first_deadline - timedelta(seconds=1)) == 0
+    assert races.sweep_missed(last_deadline + timedelta(seconds=1)) == 2
     assert set(RaceRun.objects.values_list("status", flat=True)) == {"missed"}
 
 
