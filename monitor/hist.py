@@ -73,9 +73,10 @@ def _flatten(counts: dict[int, int]) -> Pairs:
 
 def add_into(counts: dict[int, int], pairs: Sequence[int]) -> None:
     """Accumulate a pairs array into a {bucket: count} dict (the fast path for merging)."""
-    for k in range(0, len(pairs) - 1, 2):
-        b = pairs[k]
-        counts[b] = counts.get(b, 0) + pairs[k + 1]
+    get = counts.get
+    it = iter(pairs)
+    for b, n in zip(it, it):  # (bucket, count) pairs; a dangling odd element is ignored
+        counts[b] = get(b, 0) + n
 
 
 def merge(histograms: Iterable[Sequence[int]]) -> Pairs:
