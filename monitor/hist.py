@@ -75,7 +75,8 @@ def add_into(counts: dict[int, int], pairs: Sequence[int]) -> None:
     """Accumulate a pairs array into a {bucket: count} dict (the fast path for merging)."""
     get = counts.get
     it = iter(pairs)
-    for b, n in zip(it, it):  # (bucket, count) pairs; a dangling odd element is ignored
+    # (bucket, count) pairs; a dangling odd element is ignored
+    for b, n in zip(it, it, strict=False):
         counts[b] = get(b, 0) + n
 
 
