@@ -20,6 +20,7 @@ from monitor import hist, rollups
 from monitor.models import (
     GRAIN_DAY,
     OUTCOME_OK,
+    ROW_QUANTILES,
     ProbeResult,
     Region,
     Route,
@@ -29,7 +30,7 @@ from monitor.overview import stale_after
 from monitor.pages import Range
 from monitor.rollups import Stats
 
-QUANTILES = (50, 95, 99)
+QUANTILES = ROW_QUANTILES
 RAW_WINDOW = timedelta(hours=24)
 COMPARISON_ROWS = 5000  # most recent raw rows read for the option comparisons
 
@@ -155,17 +156,13 @@ def series(route: Route, task: Task, region: Region | None, window: Range, now: 
         e2e_ms={f"p{q}": [] for q in QUANTILES},
         tps={f"p{q}": [] for q in QUANTILES},
     )
+    # Each point's percentiles come ready-made with its rollup row (generated columns).
     rows = qs.order_by("bucket_start").values_list(
-        "bucket_start", "ttft_hist", "e2e_hist", "tps_hist"
+        "bucket_start", "ttft_pcts", "e2e_pcts", "tps_pcts"
     )
-    for start, ttft, e2e, tps in rows:
+    for start, *per_metric in rows:
         out["labels"].append(_label(start, window.series_grain))
-        for key, pairs, scale in (
-            ("ttft_ms", ttft, hist.MS),
-            ("e2e_ms", e2e, hist.MS),
-            ("tps", tps, hist.TPS),
-        ):
-            figures = hist.percentiles(pairs, QUANTILES, scale)
+        for key, figures in zip(("ttft_ms", "e2e_ms", "tps"), per_metric, strict=True):
             for q, value in zip(QUANTILES, figures, strict=True):
                 out[key][f"p{q}"].append(_round(value))  # type: ignore[literal-required]
     return out

@@ -237,6 +237,12 @@ CELERY_BEAT_SCHEDULE = {
     "retention": {"task": "monitor.tasks.delete_old_results", "schedule": 3600.0},
     # Digests go out at a chosen local hour; a few minutes late is fine, and cheap to ask.
     "digests": {"task": "monitor.tasks.send_digests", "schedule": 300.0},
+    # The overview snapshot is rebuilt twice per dashboard refresh (monitor.overview).
+    "overview": {
+        "task": "monitor.tasks.refresh_overview",
+        "schedule": max(1.0, DASHBOARD_REFRESH_SECONDS / 2),
+        "options": {"expires": float(DASHBOARD_REFRESH_SECONDS)},
+    },
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False

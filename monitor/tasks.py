@@ -58,6 +58,14 @@ def ingest_results(results: list[dict[str, Any]]) -> int:
     return ingest.ingest(results)
 
 
+@shared_task(name="monitor.tasks.refresh_overview")
+def refresh_overview() -> int:
+    """Rebuild the overview snapshot, so readers get it ready-made."""
+    from monitor import overview
+
+    return len(overview.refresh().rows)
+
+
 @shared_task(name="monitor.tasks.delete_old_results")
 def delete_old_results() -> int:
     from monitor import ingest

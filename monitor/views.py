@@ -70,8 +70,10 @@ def _last_probe_at() -> datetime | None:
 def overview(request: HtmxHttpRequest) -> HttpResponse:
     tick = Heartbeat.objects.filter(name="tick").first()
     now = timezone.now()
+    data = overview_data.current(now)
     ctx = {
-        "rows": overview_data.build(now),
+        "rows": data.rows,
+        "built_at": data.built_at,
         "tick": tick,
         "tick_stale": tick is None or now - tick.last_seen > timedelta(minutes=2),
         "last_probe_at": _last_probe_at(),

@@ -1,0 +1,77 @@
+"""The percentiles PostgreSQL generates on each rollup row equal monitor.hist's, bucket for
+bucket: a chart point read ready-made must be the figure the histogram gives."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import connection
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from monitor import hist, ingest
+from monitor.models import GRAIN_HOUR, ROW_QUANTILES, Rollup
+from tests.monitor import factories as f
+
+T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
+
+
+def _sql_percentiles(pairs: list[int], scale: hist.Scale) -> list[float | None]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT rw_pairs_pcts(%s::int[], %s)", [pairs, scale.low])
+        return list(cursor.fetchone()[0])
+
+
+histograms = st.dictionaries(
+    st.integers(min_value=0, max_value=hist.MS.size - 1),
+    st.integers(min_value=1, max_value=60),
+    max_size=40,
+).map(lambda counts: hist._flatten(counts))
+
+
+@pytest.mark.django_db
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(pairs=histograms)
+def test_sql_percentiles_equal_the_python_ones(pairs: list[int]) -> None:
+    for scale in (hist.MS, hist.TPS):
+        assert _sql_percentiles(pairs, scale) == hist.percentiles(pairs, ROW_QUANTILES, scale)
+
+
+@pytest.mark.django_db
+def test_too_few_samples_give_none_per_percentile() -> None:
+    # 30 samples: enough for p50 (5) and p95 (20), not for p99 (100)
+    pairs = hist.build([float(v) for v in range(100, 130)], hist.MS)
+    p50, p95, p99 = _sql_percentiles(pairs, hist.MS)
+    assert p50 is not None
+    assert p95 is not None
+    assert p99 is None
+    assert _sql_percentiles([], hist.MS) == [None, None, None]
+
+
+@pytest.mark.django_db
+def test_rollup_rows_keep_their_percentiles_through_every_upsert() -> None:
+    p = f.provider()
+    route = f.route(p, "m1")
+    eu = f.region("eu-west")
+    task = f.task("qa", [route], [eu])
+    first = [
+        f.payload(task, route, eu, T0 + timedelta(seconds=i), ttft_ms=100.0) for i in range(10)
+    ]
+    later = [
+        f.payload(task, route, eu, T0 + timedelta(seconds=100 + i), ttft_ms=900.0)
+        for i in range(30)
+    ]
+    ingest.ingest(first)
+    row = Rollup.objects.get(grain=GRAIN_HOUR, region=eu)
+    assert row.ttft_pcts == hist.percentiles(row.ttft_hist, ROW_QUANTILES, hist.MS)
+    assert row.ttft_pcts[0] == pytest.approx(100.0, rel=0.03)
+    assert row.ttft_pcts[1] is None  # 10 samples: too few for p95
+    ingest.ingest(later)  # the UPSERT merges histograms; the generated column follows
+    row.refresh_from_db()
+    assert hist.total(row.ttft_hist) == 40
+    assert row.ttft_pcts == hist.percentiles(row.ttft_hist, ROW_QUANTILES, hist.MS)
+    assert row.ttft_pcts[0] == pytest.approx(900.0, rel=0.03)
+    assert row.tps_pcts == hist.percentiles(row.tps_hist, ROW_QUANTILES, hist.TPS)

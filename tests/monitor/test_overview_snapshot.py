@@ -1,0 +1,119 @@
+"""The overview is computed once per refresh interval and read ready-made; a configuration
+change shows at once; no reader sees figures older than the refresh interval."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+
+from monitor import ingest, overview
+from monitor.models import OverviewSnapshot
+from monitor.tasks import refresh_overview
+from tests.monitor import factories as f
+
+
+@pytest.fixture
+def world(db: None):
+    p = f.provider()
+    fast, slow = f.route(p, "fast-model"), f.route(p, "slow-model")
+    eu = f.region("eu-west")
+    t = f.task("qa", [fast, slow], [eu], ttft_p95_budget_ms=600)
+    return t, fast, slow, eu
+
+
+def _probe(t, route, region, now, ttft_ms: float, n: int = 20) -> None:
+    ingest.ingest(
+        [
+            f.payload(t, route, region, now - timedelta(seconds=5 + i), ttft_ms=ttft_ms)
+            for i in range(n)
+        ]
+    )
+
+
+def test_a_read_within_the_refresh_interval_gets_the_snapshot_then_a_rebuild(world) -> None:
+    t, fast, slow, eu = world
+    now = timezone.now()
+    _probe(t, slow, eu, now, ttft_ms=700)
+    first = overview.current(now)
+    assert first.rows[0].cells[0].route_label == "Acme / slow-model"
+    _probe(t, fast, eu, now, ttft_ms=200)  # arrives after the snapshot was built
+    soon = now + overview.max_age() / 2
+    assert overview.current(soon).rows[0].cells[0].route_label == "Acme / slow-model"
+    assert overview.current(soon).built_at == now
+    later = now + overview.max_age() + timedelta(seconds=1)
+    rebuilt = overview.current(later)
+    assert rebuilt.built_at == later
+    assert rebuilt.rows[0].cells[0].route_label == "Acme / fast-model"
+
+
+def test_the_snapshot_reads_back_exactly_what_was_built(world) -> None:
+    t, fast, slow, eu = world
+    now = timezone.now()
+    _probe(t, fast, eu, now, ttft_ms=200)
+    built = overview.refresh(now)
+    read = overview.current(now)
+    assert read == built
+    cell = read.rows[0].cells[0]
+    assert cell.route_id == fast.pk
+    assert cell.last_probe_at is not None and cell.ttft_p50_ms == pytest.approx(200, rel=0.03)
+    assert cell.stale is False and cell.overall_status == overview.STATUS_OK
+
+
+def test_staleness_is_judged_at_the_time_of_the_read(world) -> None:
+    t, fast, _, eu = world
+    now = timezone.now()
+    _probe(t, fast, eu, now, ttft_ms=200)
+    overview.refresh(now)
+    # The snapshot is rebuilt when a read comes after the refresh interval, so read it as
+    # beat left it, a moment before the cell's stale bound.
+    snapshot = OverviewSnapshot.objects.get()
+    stale_after = overview.stale_after(t)
+    read = overview.Overview.from_json(snapshot.data).at(now + stale_after)
+    assert read.rows[0].cells[0].stale is True
+    assert read.rows[0].cells[0].overall_status == overview.STATUS_UNKNOWN
+
+
+@pytest.mark.parametrize("change", ["rename task", "drop route", "add region"])
+def test_a_configuration_change_shows_at_once(world, change: str) -> None:
+    t, fast, slow, eu = world
+    now = timezone.now()
+    _probe(t, fast, eu, now, ttft_ms=200)
+    overview.refresh(now)
+    if change == "rename task":
+        t.name = "Questions and answers"
+        t.save()
+        assert overview.current(now).rows[0].task.name == "Questions and answers"
+    elif change == "drop route":
+        t.routes.remove(fast)
+        assert overview.current(now).rows[0].cells[0].route_id is None
+    else:
+        t.regions.add(f.region("us-east"))
+        assert [c.region_slug for c in overview.current(now).rows[0].cells] == [
+            "eu-west",
+            "us-east",
+        ]
+
+
+def test_beat_rebuilds_the_snapshot_twice_per_refresh_interval(world) -> None:
+    entry = settings.CELERY_BEAT_SCHEDULE["overview"]
+    assert entry["task"] == "monitor.tasks.refresh_overview"
+    assert entry["schedule"] <= settings.DASHBOARD_REFRESH_SECONDS / 2
+    assert refresh_overview.apply().get() == 1  # one task row
+    assert OverviewSnapshot.objects.get().built_at > timezone.now() - timedelta(seconds=5)
+
+
+def test_the_page_says_when_its_figures_were_computed(
+    client: Client, teammate: User, world
+) -> None:
+    t, fast, _, eu = world
+    _probe(t, fast, eu, timezone.now(), ttft_ms=200)
+    client.force_login(teammate)
+    body = client.get(reverse("rw-overview")).content.decode()
+    assert "Figures as of" in body
+    assert "Acme / fast-model" in body
