@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypedDict
 
+from django.db import connection
 from django.db.models import F, FloatField, Func, Q
 
 from monitor import hist, rollups
 from monitor.models import (
     GRAIN_DAY,
+    GRAIN_HOUR,
     OUTCOME_OK,
     ROW_QUANTILES,
     ProbeResult,
@@ -133,12 +135,22 @@ class RoutePage:
         return self.selected is not None and self.selected.count_ok < hist.MIN_SAMPLES[99]
 
 
-def _label(when: datetime, grain: str) -> str:
-    return when.strftime("%Y-%m-%d") if grain == GRAIN_DAY else when.strftime("%m-%d %H:00")
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 1)
+# One chart series in one row: PostgreSQL labels the points and transposes each rollup row's
+# ready-made percentiles (Rollup.*_pcts) into one array per line, so Python only names them.
+_LABEL_FORMATS = {GRAIN_DAY: "YYYY-MM-DD", GRAIN_HOUR: "MM-DD HH24:00"}
+_SERIES_LINES = [
+    (key, column, q, i)
+    for key, column in (("ttft_ms", "ttft_pcts"), ("e2e_ms", "e2e_pcts"), ("tps", "tps_pcts"))
+    for i, q in enumerate(QUANTILES, start=1)
+]
+_SERIES_SQL = (
+    "SELECT array_agg(to_char(bucket_start AT TIME ZONE 'UTC', %s) ORDER BY bucket_start), "
+)
+_SERIES_SQL += ", ".join(
+    f"array_agg(round({column}[{i}]::numeric, 1)::float8 ORDER BY bucket_start)"
+    for _, column, _, i in _SERIES_LINES
+)
+_SERIES_SQL += " FROM ({rows}) AS points"
 
 
 def series(route: Route, task: Task, region: Region | None, window: Range, now: datetime) -> Series:
@@ -150,21 +162,20 @@ def series(route: Route, task: Task, region: Region | None, window: Range, now: 
     ).filter(route=route, task=task)
     if region is not None:
         qs = qs.filter(region=region)
-    out = Series(
-        labels=[],
-        ttft_ms={f"p{q}": [] for q in QUANTILES},
-        e2e_ms={f"p{q}": [] for q in QUANTILES},
-        tps={f"p{q}": [] for q in QUANTILES},
+    rows_sql, params = (
+        qs.order_by()
+        .values("bucket_start", "ttft_pcts", "e2e_pcts", "tps_pcts")
+        .query.sql_with_params()
     )
-    # Each point's percentiles come ready-made with its rollup row (generated columns).
-    rows = qs.order_by("bucket_start").values_list(
-        "bucket_start", "ttft_pcts", "e2e_pcts", "tps_pcts"
-    )
-    for start, *per_metric in rows:
-        out["labels"].append(_label(start, window.series_grain))
-        for key, figures in zip(("ttft_ms", "e2e_ms", "tps"), per_metric, strict=True):
-            for q, value in zip(QUANTILES, figures, strict=True):
-                out[key][f"p{q}"].append(_round(value))  # type: ignore[literal-required]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _SERIES_SQL.replace("{rows}", rows_sql),
+            [_LABEL_FORMATS[window.series_grain], *params],
+        )
+        labels, *lines = cursor.fetchone()
+    out = Series(labels=labels or [], ttft_ms={}, e2e_ms={}, tps={})
+    for (key, _, q, _), values in zip(_SERIES_LINES, lines, strict=True):
+        out[key][f"p{q}"] = values or []  # type: ignore[literal-required]
     return out
 
 

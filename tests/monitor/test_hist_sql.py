@@ -75,3 +75,42 @@ def test_rollup_rows_keep_their_percentiles_through_every_upsert() -> None:
     assert row.ttft_pcts == hist.percentiles(row.ttft_hist, ROW_QUANTILES, hist.MS)
     assert row.ttft_pcts[0] == pytest.approx(900.0, rel=0.03)
     assert row.tps_pcts == hist.percentiles(row.tps_hist, ROW_QUANTILES, hist.TPS)
+
+
+@pytest.mark.django_db
+def test_a_route_chart_has_one_point_per_rollup_row_with_its_percentiles() -> None:
+    from monitor import pages_route
+    from monitor.pages import RANGES
+
+    p = f.provider()
+    route = f.route(p, "m1")
+    eu, us = f.region("eu-west"), f.region("us-east")
+    task = f.task("qa", [route], [eu, us])
+    payloads = []
+    for hour in range(3):
+        for i in range(25):
+            at = T0 + timedelta(hours=hour, seconds=i)
+            payloads.append(f.payload(task, route, eu, at, ttft_ms=100.0 * (hour + 1) + i))
+            payloads.append(f.payload(task, route, us, at, ttft_ms=1000.0, tps=50.0))
+    ingest.ingest(payloads)
+    now = T0 + timedelta(hours=3)
+    for region in (None, eu):
+        chart = pages_route.series(route, task, region, RANGES["24h"], now)
+        assert chart["labels"] == ["11-02 10:00", "11-02 11:00", "11-02 12:00"]
+        rows = Rollup.objects.filter(grain=GRAIN_HOUR, route=route, region=region)
+        for i, row in enumerate(rows.order_by("bucket_start")):
+            for key, pairs, scale in (
+                ("ttft_ms", row.ttft_hist, hist.MS),
+                ("tps", row.tps_hist, hist.TPS),
+            ):
+                expected = hist.percentiles(pairs, ROW_QUANTILES, scale)
+                for q, value in zip(ROW_QUANTILES, expected, strict=True):
+                    point = chart[key][f"p{q}"][i]  # type: ignore[literal-required]
+                    assert point == (None if value is None else pytest.approx(value, abs=0.05))
+    # 25 probes an hour in one region: p99 needs 100, so the region's chart says "too few"
+    eu_chart = pages_route.series(route, task, eu, RANGES["24h"], now)
+    assert eu_chart["ttft_ms"]["p99"] == [None, None, None]
+    assert eu_chart["ttft_ms"]["p50"][0] == pytest.approx(112, rel=0.03)
+    empty = pages_route.series(route, task, us, RANGES["24h"], T0 - timedelta(days=3))
+    assert empty["labels"] == []
+    assert empty["ttft_ms"]["p50"] == []

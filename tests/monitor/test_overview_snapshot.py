@@ -53,7 +53,7 @@ def test_a_read_within_the_refresh_interval_gets_the_snapshot_then_a_rebuild(wor
 
 
 def test_the_snapshot_reads_back_exactly_what_was_built(world) -> None:
-    t, fast, slow, eu = world
+    t, fast, _slow, eu = world
     now = timezone.now()
     _probe(t, fast, eu, now, ttft_ms=200)
     built = overview.refresh(now)
@@ -61,8 +61,10 @@ def test_the_snapshot_reads_back_exactly_what_was_built(world) -> None:
     assert read == built
     cell = read.rows[0].cells[0]
     assert cell.route_id == fast.pk
-    assert cell.last_probe_at is not None and cell.ttft_p50_ms == pytest.approx(200, rel=0.03)
-    assert cell.stale is False and cell.overall_status == overview.STATUS_OK
+    assert cell.last_probe_at is not None
+    assert cell.ttft_p50_ms == pytest.approx(200, rel=0.03)
+    assert cell.stale is False
+    assert cell.overall_status == overview.STATUS_OK
 
 
 def test_staleness_is_judged_at_the_time_of_the_read(world) -> None:
@@ -81,7 +83,7 @@ def test_staleness_is_judged_at_the_time_of_the_read(world) -> None:
 
 @pytest.mark.parametrize("change", ["rename task", "drop route", "add region"])
 def test_a_configuration_change_shows_at_once(world, change: str) -> None:
-    t, fast, slow, eu = world
+    t, fast, _slow, eu = world
     now = timezone.now()
     _probe(t, fast, eu, now, ttft_ms=200)
     overview.refresh(now)
@@ -103,7 +105,7 @@ def test_a_configuration_change_shows_at_once(world, change: str) -> None:
 def test_beat_rebuilds_the_snapshot_twice_per_refresh_interval(world) -> None:
     entry = settings.CELERY_BEAT_SCHEDULE["overview"]
     assert entry["task"] == "monitor.tasks.refresh_overview"
-    assert entry["schedule"] <= settings.DASHBOARD_REFRESH_SECONDS / 2
+    assert float(entry["schedule"]) <= settings.DASHBOARD_REFRESH_SECONDS / 2
     assert refresh_overview.apply().get() == 1  # one task row
     assert OverviewSnapshot.objects.get().built_at > timezone.now() - timedelta(seconds=5)
 
