@@ -1,0 +1,116 @@
+"""The engine's asyncio network streams keep httpcore's contract, over real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Awaitable, Callable
+
+import httpcore
+import pytest
+
+from probes.netstream import READ_HIGH_WATER, AsyncioBackend, AsyncioStream
+from simulator.testing import SimulatorProcess
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def _serve(handler: Handler) -> tuple[asyncio.Server, int]:
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+def test_reading_pauses_while_nobody_reads_and_nothing_is_lost() -> None:
+    total = 32 * 1024 * 1024
+
+    async def flood(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        block = b"x" * (1024 * 1024)
+        for _ in range(total // len(block)):
+            writer.write(block)
+            await writer.drain()
+        writer.close()
+
+    async def go() -> tuple[int, int, bytes]:
+        server, port = await _serve(flood)
+        stream = await AsyncioBackend().connect_tcp("127.0.0.1", port)
+        assert isinstance(stream, AsyncioStream)
+        await asyncio.sleep(0.3)  # the server writes as fast as it can; nobody reads
+        held = stream._protocol.buffered
+        received = 0
+        while chunk := await stream.read(65536):
+            assert len(chunk) <= 65536
+            received += len(chunk)
+        end = await stream.read(65536)
+        await stream.aclose()
+        server.close()
+        return held, received, end
+
+    held, received, end = asyncio.run(go())
+    assert 0 < held <= READ_HIGH_WATER + 256 * 1024  # the cap plus one socket read
+    assert received == total
+    assert end == b""
+
+
+def test_a_write_waits_until_the_kernel_has_every_byte() -> None:
+    async def never_reads(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(5)
+
+    async def go() -> None:
+        server, port = await _serve(never_reads)
+        stream = await AsyncioBackend().connect_tcp("127.0.0.1", port)
+        await asyncio.wait_for(stream.write(b"small"), 1)  # fits at once: no wait
+        with pytest.raises(httpcore.WriteTimeout):
+            # Far more than the socket buffers hold while the peer reads nothing.
+            await stream.write(b"x" * (64 * 1024 * 1024), timeout=0.3)
+        await stream.aclose()
+        server.close()
+
+    asyncio.run(go())
+
+
+def test_a_read_times_out_and_an_idle_connection_closed_by_the_server_is_readable() -> None:
+    closing: asyncio.Event
+
+    async def quiet_then_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await closing.wait()
+        writer.close()
+
+    async def go() -> None:
+        nonlocal closing
+        closing = asyncio.Event()
+        server, port = await _serve(quiet_then_close)
+        stream = await AsyncioBackend().connect_tcp("127.0.0.1", port)
+        with pytest.raises(httpcore.ReadTimeout):
+            await stream.read(100, timeout=0.05)
+        assert stream.get_extra_info("is_readable") is False
+        closing.set()
+        await asyncio.sleep(0.1)
+        assert stream.get_extra_info("is_readable") is True
+        assert await stream.read(100) == b""
+        await stream.aclose()
+        server.close()
+
+    asyncio.run(go())
+
+
+def test_tls_round_trip_and_an_untrusted_certificate(tls_sim: SimulatorProcess) -> None:
+    async def go() -> None:
+        backend = AsyncioBackend()
+        trusted = ssl.create_default_context(cafile=str(tls_sim.ca_pem_path))
+        stream = await backend.connect_tcp("127.0.0.1", tls_sim.port)
+        stream = await stream.start_tls(trusted, server_hostname="127.0.0.1", timeout=5)
+        assert stream.get_extra_info("ssl_object").version() is not None
+        await stream.write(b"GET /_sim/health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        response = b""
+        while chunk := await stream.read(65536, timeout=5):
+            response += chunk
+        assert response.startswith(b"HTTP/1.1 200")
+        assert b'"status": "ok"' in response
+        await stream.aclose()
+
+        stream = await backend.connect_tcp("127.0.0.1", tls_sim.port)
+        with pytest.raises(httpcore.ConnectError) as failure:
+            await stream.start_tls(ssl.create_default_context(), server_hostname="127.0.0.1")
+        assert isinstance(failure.value.__cause__, ssl.SSLError)
+
+    asyncio.run(go())
