@@ -1,7 +1,9 @@
 """One probe: send one streaming request, time every phase, classify every failure.
 
 `await probe(spec)` never raises (cancellation aside): whatever happens becomes a ProbeResult
-with an outcome. Timestamps are time.perf_counter() taken when bytes arrive, before parsing.
+with an outcome. Timestamps are time.perf_counter() taken when bytes arrive, before parsing:
+a streamed event is stamped with the time asyncio handed over the bytes that completed it
+(probes/netstream.py), not when the HTTP, SSE and JSON parsers got to it.
 t0 is taken just before the request is handed to the HTTP client; the request (prompt, body
 encoding, gzip) and the client are prepared before it.
 """
@@ -45,6 +47,7 @@ from probes.transport import (
     BlockedAddress,
     Phases,
     ResolutionError,
+    arrival_clock,
     current,
     make_client,
     warm_clients,
@@ -227,8 +230,9 @@ async def _attempt(
                 return _finish(result, phases, state, t0, spec)
             parser = SSEParser(max_line_bytes=spec.max_line_bytes)
             received = 0
+            arrived_at = arrival_clock(response)
             async for chunk in response.aiter_raw():
-                now = time.perf_counter()
+                now = arrived_at()
                 received += len(chunk)
                 if received > spec.max_response_bytes:
                     raise ProbeFailure(

@@ -14,6 +14,11 @@ asyncio's start_tls: its TLS transport reports write flow control differently (a
 high-water mark pauses it on every other write), so "the kernel has the bytes" could not be
 awaited through it.
 
+Every chunk keeps the perf_counter time at which asyncio handed it over (data_received, before
+any HTTP, SSE or JSON parsing); `arrived_at()` gives the arrival time of the chunk httpcore read
+last, so the engine can stamp a streamed event with when its bytes came off the socket rather
+than when the parsers above got to it (under load, other streams' parsing would sit in between).
+
 Memory stays bounded: reading pauses once READ_HIGH_WATER bytes wait unread and resumes when
 the reader has drained half of them (a 200 MB response is never buffered here).
 """
@@ -23,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import ssl
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -39,6 +45,8 @@ class _Protocol(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.chunks: collections.deque[bytes] = collections.deque()
+        self.arrivals: collections.deque[float] = collections.deque()  # one per chunk
+        self.last_arrival = 0.0  # arrival of the chunk read last
         self.buffered = 0
         self.waiter: asyncio.Future[None] | None = None
         self.write_waiter: asyncio.Future[None] | None = None
@@ -62,11 +70,12 @@ class _Protocol(asyncio.Protocol):
         transport.set_write_buffer_limits(0)
 
     def data_received(self, data: bytes) -> None:
+        now = time.perf_counter()
         if self.tls is None:
-            self._queue(data)
+            self._queue(data, now)
         else:
             self.tls_in.write(data)
-            self.tls_pump()
+            self.tls_pump(now)
         self._wake()
 
     def eof_received(self) -> bool:
@@ -95,8 +104,9 @@ class _Protocol(asyncio.Protocol):
 
     # helpers
 
-    def _queue(self, data: bytes) -> None:
+    def _queue(self, data: bytes, now: float) -> None:
         self.chunks.append(data)
+        self.arrivals.append(now)
         self.buffered += len(data)
         if self.buffered > READ_HIGH_WATER and not self.paused_reading:
             assert self.transport is not None
@@ -122,7 +132,7 @@ class _Protocol(asyncio.Protocol):
             assert self.transport is not None
             self.transport.write(self.tls_out.read())
 
-    def tls_pump(self) -> None:
+    def tls_pump(self, now: float) -> None:
         tls = self.tls
         assert tls is not None
         try:
@@ -145,7 +155,7 @@ class _Protocol(asyncio.Protocol):
                 if not data:
                     self.eof = True
                     break
-                self._queue(data)
+                self._queue(data, now)
             self.tls_flush()  # TLS 1.3 may answer post-handshake messages
         except (ssl.SSLError, OSError) as exc:
             if self.handshake is not None and not self.handshake.done():
@@ -196,14 +206,20 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
                     return b""
                 raise httpcore.ReadError("the connection was closed")
         chunk = chunks.popleft()
+        protocol.last_arrival = protocol.arrivals.popleft()
         if len(chunk) > max_bytes:
             chunks.appendleft(chunk[max_bytes:])
+            protocol.arrivals.appendleft(protocol.last_arrival)
             chunk = chunk[:max_bytes]
         protocol.buffered -= len(chunk)
         if protocol.paused_reading and protocol.buffered <= READ_HIGH_WATER // 2:
             protocol.paused_reading = False
             self._transport.resume_reading()
         return chunk
+
+    def arrived_at(self) -> float:
+        """When the chunk read last arrived (perf_counter seconds)."""
+        return self._protocol.last_arrival
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:
         if not buffer:
@@ -256,7 +272,7 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
         )
         handshake = protocol.handshake = asyncio.get_running_loop().create_future()
         try:
-            protocol.tls_pump()  # sends the ClientHello
+            protocol.tls_pump(time.perf_counter())  # sends the ClientHello
             async with asyncio.timeout(timeout):
                 await handshake
         except TimeoutError as exc:

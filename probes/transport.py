@@ -17,7 +17,7 @@ import ipaddress
 import socket
 import ssl
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +25,7 @@ from typing import Any
 import httpcore
 import httpx
 
-from probes.netstream import AsyncioBackend
+from probes.netstream import AsyncioBackend, AsyncioStream
 
 
 class BlockedAddress(Exception):
@@ -123,6 +123,17 @@ class TimedBackend(httpcore.AsyncNetworkBackend):
 
     async def sleep(self, seconds: float) -> None:
         await self._inner.sleep(seconds)
+
+
+def arrival_clock(response: httpx.Response) -> Callable[[], float]:
+    """A clock for a streaming response: when the bytes read last for it arrived.
+
+    HTTP/1.1: the arrival of the read that completed the chunk httpx just yielded (h11 reads
+    only when it cannot make an event from what it holds). HTTP/2: the arrival of the latest
+    read on the connection, which another stream's task may have made after this stream's
+    data came in, so never earlier than the truth. A stream not ours: the time now."""
+    stream = response.extensions.get("network_stream")
+    return stream.arrived_at if isinstance(stream, AsyncioStream) else time.perf_counter
 
 
 @functools.cache

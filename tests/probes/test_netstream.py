@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 
 import httpcore
@@ -112,5 +113,34 @@ def test_tls_round_trip_and_an_untrusted_certificate(tls_sim: SimulatorProcess) 
         with pytest.raises(httpcore.ConnectError) as failure:
             await stream.start_tls(ssl.create_default_context(), server_hostname="127.0.0.1")
         assert isinstance(failure.value.__cause__, ssl.SSLError)
+
+    asyncio.run(go())
+
+
+def test_a_chunk_keeps_the_time_it_arrived_not_the_time_it_was_read() -> None:
+    async def two_chunks(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"first")
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        writer.write(b"second")
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        writer.close()
+
+    async def go() -> None:
+        server, port = await _serve(two_chunks)
+        stream = await AsyncioBackend().connect_tcp("127.0.0.1", port)
+        assert isinstance(stream, AsyncioStream)
+        await asyncio.sleep(0.1)  # "first" waits unread
+        assert await stream.read(3) == b"fir"
+        late = time.perf_counter()
+        first_at = stream.arrived_at()
+        assert late - first_at >= 0.09
+        assert await stream.read(100) == b"st"  # the rest of a split chunk keeps its time
+        assert stream.arrived_at() == first_at
+        assert await stream.read(100) == b"second"
+        assert first_at + 0.15 < stream.arrived_at() <= time.perf_counter()
+        await stream.aclose()
+        server.close()
 
     asyncio.run(go())
