@@ -136,7 +136,8 @@ class RoutePage:
 
 
 # One chart series in one row: PostgreSQL labels the points and transposes each rollup row's
-# ready-made percentiles (Rollup.*_pcts) into one array per line, so Python only names them.
+# ready-made percentiles (Rollup.*_pcts, already rounded to 0.1) into one array per line, so
+# Python only names them.
 _LABEL_FORMATS = {GRAIN_DAY: "YYYY-MM-DD", GRAIN_HOUR: "MM-DD HH24:00"}
 _SERIES_LINES = [
     (key, column, q, i)
@@ -147,8 +148,7 @@ _SERIES_SQL = (
     "SELECT array_agg(to_char(bucket_start AT TIME ZONE 'UTC', %s) ORDER BY bucket_start), "
 )
 _SERIES_SQL += ", ".join(
-    f"array_agg(round({column}[{i}]::numeric, 1)::float8 ORDER BY bucket_start)"
-    for _, column, _, i in _SERIES_LINES
+    f"array_agg({column}[{i}] ORDER BY bucket_start)" for _, column, _, i in _SERIES_LINES
 )
 _SERIES_SQL += " FROM ({rows}) AS points"
 

@@ -3,8 +3,10 @@
 A chart point is one rollup row: reading its percentiles ready-made spares the page from
 decoding and walking three histograms per point (720 points for a month of hours). The columns
 are generated from the histograms, so no writer (ingest's UPSERT, a bulk load, an admin fix)
-can leave them out of step. rw_pairs_pcts mirrors monitor.hist.percentiles exactly (same
-bucket representative, same minimum samples); tests/monitor/test_hist_sql.py holds them equal.
+can leave them out of step. rw_pairs_pcts mirrors monitor.hist.percentiles (same bucket
+representative, same minimum samples), rounded to 0.1 ms or tok/s as the charts show them
+(rounding here, once per write, is cheaper than at every read); tests/monitor/test_hist_sql.py
+holds them equal.
 """
 
 import django.contrib.postgres.fields
@@ -13,8 +15,9 @@ from django.db import migrations, models
 PCTS_SQL = """
 CREATE OR REPLACE FUNCTION rw_pairs_pcts(pairs integer[], low float8)
 RETURNS float8[] LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
--- p50, p95, p99 of a (bucket, count) pairs histogram (monitor.hist, RATIO = 1.05); NULL where
--- there are fewer samples than monitor.hist.MIN_SAMPLES asks for that percentile.
+-- p50, p95, p99 of a (bucket, count) pairs histogram (monitor.hist, RATIO = 1.05), rounded to
+-- 0.1 as charts show them; NULL where there are fewer samples than monitor.hist.MIN_SAMPLES
+-- asks for that percentile.
 DECLARE
   len int := coalesce(array_length(pairs, 1), 0);
   qs int[] := ARRAY[50, 95, 99];
@@ -41,8 +44,9 @@ BEGIN
       k := k + 2;
     END LOOP;
     b := pairs[least(k, len - 1)];
-    out := out || CASE WHEN b = 0 THEN low
-                       ELSE low * power(1.05::float8, b - 1) * sqrt(1.05::float8) END;
+    out := out || round((CASE WHEN b = 0 THEN low
+                             ELSE low * power(1.05::float8, b - 1) * sqrt(1.05::float8)
+                        END)::numeric, 1)::float8;
   END LOOP;
   RETURN out;
 END
