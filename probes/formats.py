@@ -65,6 +65,8 @@ class WireFormat:
 
     @staticmethod
     def _json(data: str) -> dict[str, Any]:
+        # Not orjson: it saves ~1 us of ~60 us per chunk, and reads integers past 64 bits as
+        # floats, which would turn a usage count into "unknown".
         try:
             value = json.loads(data)
         except ValueError:
@@ -99,9 +101,10 @@ class OpenAIChat(WireFormat):
         return body
 
     def parse(self, event: Event) -> list[Piece]:
-        if event.data.strip() == "[DONE]":
+        raw = event.data
+        if not raw.startswith("{") and raw.strip() == "[DONE]":
             return [Piece(DONE)]
-        data = self._json(event.data)
+        data = self._json(raw)
         if data.get("error"):
             err = data["error"]
             message = err.get("message", "") if isinstance(err, dict) else str(err)

@@ -30,35 +30,42 @@ class SSEParser:
     _data: list[str] = field(default_factory=list)
 
     def feed(self, chunk: bytes) -> list[Event]:
+        cap = self.max_line_bytes
+        if self._buffer:
+            self._buffer += chunk
+            data = bytes(self._buffer)
+            self._buffer.clear()
+        else:
+            data = chunk
+        end = data.rfind(b"\n")
+        if end < 0:
+            if len(data) > cap:
+                raise LineTooLong(f"a line exceeds {cap} bytes")
+            self._buffer += data
+            return []
+        complete = data[:end]
+        if len(complete) > cap and any(len(line) > cap for line in complete.split(b"\n")):
+            raise LineTooLong(f"a line exceeds {cap} bytes")
+        if len(data) - end - 1 > cap:
+            raise LineTooLong(f"a line exceeds {cap} bytes")
+        self._buffer += data[end + 1 :]
         events: list[Event] = []
-        self._buffer += chunk
-        start = 0
-        buf = self._buffer
-        while True:
-            nl = buf.find(b"\n", start)
-            if nl < 0:
-                break
-            line = bytes(buf[start:nl])
-            start = nl + 1
-            if len(line) > self.max_line_bytes:
-                raise LineTooLong(f"a line exceeds {self.max_line_bytes} bytes")
-            self._line(line.rstrip(b"\r"), events)
-        del buf[:start]
-        if len(buf) > self.max_line_bytes:
-            raise LineTooLong(f"a line exceeds {self.max_line_bytes} bytes")
+        # One decode for all complete lines: a newline byte never sits inside a UTF-8
+        # sequence, so this equals decoding line by line.
+        for line in complete.decode("utf-8", errors="replace").split("\n"):
+            self._line(line.rstrip("\r"), events)
         return events
 
     def close(self) -> list[Event]:
         """End of stream: a final event without its blank line still counts."""
         events: list[Event] = []
         if self._buffer:
-            self._line(bytes(self._buffer).rstrip(b"\r"), events)
+            self._line(self._buffer.decode("utf-8", errors="replace").rstrip("\r"), events)
             self._buffer.clear()
         self._dispatch(events)
         return events
 
-    def _line(self, raw: bytes, events: list[Event]) -> None:
-        line = raw.decode("utf-8", errors="replace")
+    def _line(self, line: str, events: list[Event]) -> None:
         if not line:
             self._dispatch(events)
             return

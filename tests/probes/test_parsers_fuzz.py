@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from probes.formats import WIRE_FORMATS, MalformedStream
+from probes.formats import WIRE_FORMATS, MalformedStream, WireFormat
 from probes.sse import Event, LineTooLong, SSEParser
 
 KINDS = {"reasoning", "answer", "tool", "usage", "error", "done", "finish"}
@@ -98,3 +99,105 @@ def test_split_events_parse_the_same_as_whole_ones(text: str) -> None:
     for i in range(len(payload)):
         pieces += parser.feed(payload[i : i + 1])
     assert [e.data for e in whole] == [e.data for e in pieces]
+
+
+def _reference_events(chunks: list[bytes], cap: int) -> list[Event] | None:
+    """The SSE rules written the plain way (one line at a time, decoded on its own); None where
+    a line is longer than the cap. The parser splits and decodes in bulk for speed: it must
+    agree with this on every input."""
+    buffer, events, name, data = b"", [], "", []
+
+    def line(raw: bytes) -> None:
+        nonlocal name, data
+        text = raw.rstrip(b"\r").decode("utf-8", errors="replace")
+        if not text:
+            if data:
+                events.append(Event(event=name, data="\n".join(data)))
+            name, data = "", []
+        elif text.startswith(":"):
+            events.append(Event(data=text[1:].strip(), comment=True))
+        else:
+            field, _, value = text.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if field == "data":
+                data.append(value)
+            elif field == "event":
+                name = value
+
+    for chunk in chunks:
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for raw in lines:
+            if len(raw) > cap:
+                return None
+            line(raw)
+        if len(buffer) > cap:
+            return None
+    if buffer:
+        line(buffer)
+    line(b"")
+    return events
+
+
+sse_bytes = st.lists(
+    st.sampled_from(
+        [
+            *(b"data: ", b"data:", b"event: ", b": ping", b"\n", b"\r\n", b"\r", b":", b" "),
+            *(b"x", b"\xe2\x82\xac", b"\xe2\x82", b"\xff", b'{"a": 1}', b"[DONE]", b"id: 7"),
+        ]
+    ),
+    max_size=40,
+).map(b"".join)
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    stream=sse_bytes | st.binary(max_size=300),
+    cuts=st.lists(st.integers(min_value=0, max_value=300), max_size=8),
+    cap=st.integers(min_value=1, max_value=120),
+)
+def test_the_sse_parser_agrees_with_the_plain_rules(
+    stream: bytes, cuts: list[int], cap: int
+) -> None:
+    bounds = sorted({0, len(stream), *(c for c in cuts if c < len(stream))})
+    chunks = [stream[a:b] for a, b in itertools.pairwise(bounds)]
+    expected = _reference_events(chunks, cap)
+    parser = SSEParser(max_line_bytes=cap)
+    try:
+        got = [event for chunk in chunks for event in parser.feed(chunk)] + parser.close()
+    except LineTooLong:
+        assert expected is None
+        return
+    assert got == expected
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    data=st.one_of(
+        st.text(max_size=40),
+        json_values.map(json.dumps),
+        st.dictionaries(st.text(max_size=5), json_values, max_size=3).map(json.dumps),
+        st.sampled_from(
+            [
+                '{"a": NaN}',
+                '{"a": -Infinity}',
+                '{"t": "\\ud800"}',
+                '{"n": 123456789012345678901234567890}',
+                '{"a": 1, "a": 2}',
+                '{"a": 1} ',
+            ]
+        ),
+    )
+)
+def test_event_json_reads_as_the_json_module_reads_it(data: str) -> None:
+    try:
+        expected = json.loads(data)
+    except ValueError:
+        expected = None
+    try:
+        got = WireFormat._json(data)
+    except MalformedStream:
+        assert expected is None or not isinstance(expected, dict)
+        return
+    assert isinstance(expected, dict)
+    assert json.dumps(got, sort_keys=True) == json.dumps(expected, sort_keys=True)
