@@ -30,7 +30,7 @@ import collections
 import ssl
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import httpcore
 from httpcore._utils import is_socket_readable
@@ -63,8 +63,8 @@ class _Protocol(asyncio.Protocol):
     # asyncio callbacks
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
+        self.transport = transport = cast(asyncio.Transport, transport)
         # Pause (and so make writes wait) whenever anything is left unsent: a write completes
         # when the kernel has all of its bytes, as with anyio.
         transport.set_write_buffer_limits(0)
