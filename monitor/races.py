@@ -44,6 +44,7 @@ from monitor.scheduling import (
     probe_message,
     slot_number,
     slot_times,
+    starts_later,
 )
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,8 @@ def due_races(now: datetime, spent: Mapping[int, Decimal]) -> list[tuple[Task, R
             after = latest.get((task.pk, region.pk))
             # Races are not caught up after downtime: only the current one counts.
             times = slot_times(now, interval, phase, after)
-            if times:
+            # A first race too late to get its whole deadline is not started.
+            if times and not (after is None and starts_later(times[-1], now)):
                 due.append((task, region, times[-1]))
     return due
 

@@ -115,6 +115,15 @@ def spend_capped(task: Task, route: Route, spent: Decimal) -> bool:
     return spent + next_probe > task.monthly_spend_cap_usd
 
 
+def starts_later(slot_at: datetime, now: datetime) -> bool:
+    """Leave out a new schedule's first slot when it is too late for it: past its grace, it
+    could not get its whole probe deadline and would be recorded missed for a late start.
+    Only when ticks come at least once per grace, so that the next slot is sure to be caught
+    in time; with rarer ticks it is created anyway (late slots then show as missed, rather
+    than a schedule that never starts)."""
+    return settings.TICK_SECONDS <= settings.SLOT_GRACE_SECONDS and now > slot_at + grace()
+
+
 def due_slots(now: datetime) -> list[Slot]:
     tasks = Task.objects.filter(is_active=True).prefetch_related("routes__provider", "regions")
     latest = {
@@ -137,7 +146,10 @@ def due_slots(now: datetime) -> list[Slot]:
                 phase = phase_s(task.pk, route.pk, region.pk, task.probe_interval_s)
                 after = latest.get((task.pk, route.pk, region.pk))
                 for at in slot_times(now, task.probe_interval_s, phase, after):
-                    slots.append(Slot(task, route, region, at))
+                    slot = Slot(task, route, region, at)
+                    if after is None and starts_later(at, now):
+                        continue
+                    slots.append(slot)
     return slots
 
 

@@ -60,6 +60,43 @@ def test_slots_skipped_while_the_scheduler_was_down_become_missed(world) -> None
     assert ProbeSlot.objects.filter(status="missed").count() >= 6 * 8
 
 
+def test_a_new_schedule_starts_with_a_slot_it_can_still_make(world, settings) -> None:
+    settings.SLOT_GRACE_SECONDS, settings.TICK_SECONDS = 3, 1
+    t, _, _ = world
+    t.probe_interval_s, t.probe_timeout_s = 60, 5
+    t.save()
+    # Each (route, region) has its own phase in the minute: at NOW, the current slots more
+    # than the 3 s grace in the past are not created (they could not get their whole 5 s
+    # probe deadline); the next ones are, by one of the ticks that follow (one a second).
+    grace = timedelta(seconds=3)
+    first = scheduling.claim(scheduling.due_slots(NOW))
+    assert all(NOW - s.slot_at <= grace for s in first)
+    assert len(first) < 6  # six phases spread over 60 s: some are more than 3 s old
+    for second in range(1, 61):
+        at = NOW + timedelta(seconds=second)
+        assert all(at - s.slot_at <= grace for s in scheduling.claim(scheduling.due_slots(at)))
+    combos = {(s.task_id, s.route_id, s.region_id) for s in ProbeSlot.objects.all()}
+    assert len(combos) == 6  # every combination has begun within one interval
+    # Once begun, a gap is still caught up and recorded missed, never silently absent.
+    much_later = NOW + timedelta(minutes=6)
+    caught_up = scheduling.claim(scheduling.due_slots(much_later))
+    assert len(caught_up) >= 6 * 4
+    ingest.sweep_missed(now=much_later + timedelta(seconds=10))
+    assert ProbeSlot.objects.filter(status="missed").count() >= 6 * 4
+
+
+def test_with_ticks_rarer_than_the_grace_a_late_first_slot_is_created_all_the_same(
+    world, settings
+) -> None:
+    settings.SLOT_GRACE_SECONDS, settings.TICK_SECONDS = 3, 30
+    t, _, _ = world
+    t.probe_interval_s, t.probe_timeout_s = 60, 5
+    t.save()
+    # Ticks 30 s apart cannot be sure to catch a slot within its 3 s grace: skipping could
+    # mean a schedule that never starts, so every first slot is created (late ones go missed).
+    assert len(scheduling.claim(scheduling.due_slots(NOW))) == 6
+
+
 def test_a_spend_cap_stops_probing_a_route(world) -> None:
     t, routes, _ = world
     t.monthly_spend_cap_usd = Decimal("0.01")
