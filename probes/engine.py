@@ -1,9 +1,10 @@
 """One probe: send one streaming request, time every phase, classify every failure.
 
 `await probe(spec)` never raises (cancellation aside): whatever happens becomes a ProbeResult
-with an outcome. Timestamps are time.perf_counter() taken when bytes arrive, before parsing:
-a streamed event is stamped with the time asyncio handed over the bytes that completed it
-(probes/netstream.py), not when the HTTP, SSE and JSON parsers got to it.
+with an outcome. Timestamps are time.perf_counter() times of when bytes arrived, before any
+parsing: headers, each streamed event and the end carry the arrival of the read that completed
+them, which is the kernel's receive time where it gives one (probes/netstream.py), so neither
+the parsers nor other streams' work on the same event loop sit inside a measured time.
 t0 is taken just before the request is handed to the HTTP client; the request (prompt, body
 encoding, gzip) and the client are prepared before it.
 """
@@ -215,22 +216,24 @@ async def _attempt(
     )
     response: httpx.Response | None = None
     t0 = time.perf_counter()
-    result.t0_perf = t0
+    result.t0_perf = phases.started = t0
     deadline_total = t0 + spec.total_timeout_s
     deadline_first = t0 + min(spec.first_token_timeout_s, spec.total_timeout_s)
     state = _StreamState(t0=t0)
     try:
         async with asyncio.timeout_at(_loop_time(deadline_first)) as scope:
             response = await client.send(request, stream=True)
-            state.headers_at = phases.headers_received or time.perf_counter()
+            # Every stamp from here on is when the bytes arrived (the kernel's receive time where
+            # it gives one), not when the parsers got to them.
+            arrived_at = arrival_clock(response)
+            state.headers_at = arrived_at()
             _read_headers(result, response)
             if response.status_code >= 400:
                 await _error_response(result, response, spec)
-                result.e2e_ms = _ms(t0, time.perf_counter())
+                result.e2e_ms = _ms(t0, arrived_at())
                 return _finish(result, phases, state, t0, spec)
             parser = SSEParser(max_line_bytes=spec.max_line_bytes)
             received = 0
-            arrived_at = arrival_clock(response)
             async for chunk in response.aiter_raw():
                 now = arrived_at()
                 received += len(chunk)
@@ -251,8 +254,8 @@ async def _attempt(
             for event in parser.close():
                 if not event.comment:
                     for piece in fmt.parse(event):
-                        state.take(piece, time.perf_counter(), progress, spec.text_limit)
-            state.end_at = time.perf_counter()
+                        state.take(piece, arrived_at(), progress, spec.text_limit)
+            state.end_at = arrived_at()
             if state.error is not None:
                 raise ProbeFailure("stream_error", state.error)
             if not (state.complete or state.finished):

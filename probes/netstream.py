@@ -1,117 +1,197 @@
-"""httpcore network streams on plain asyncio transports (instead of httpcore's anyio backend).
+"""httpcore network streams on non-blocking sockets read by the event loop directly.
 
-Why: at 200 concurrent streams the anyio backend cost most of the engine's CPU per streamed
-chunk (bench/bench_probes.py, profiled with py-spy). Its socket stream resumes reading before
-every receive and pauses it after (two epoll_ctl system calls per chunk), and httpcore wraps
-every read in anyio.fail_after (a cancel scope, even without a timeout). Here the transport
-keeps reading into a small queue; a read takes from it or waits on one future.
+Why not httpcore's anyio backend: at 200 concurrent streams it cost most of the engine's CPU per
+streamed chunk (bench/bench_probes.py, profiled with py-spy). Its socket stream resumes reading
+before every receive and pauses it after (two epoll_ctl system calls per chunk), and httpcore
+wraps every read in anyio.fail_after (a cancel scope, even without a timeout). Here the loop
+calls us when the socket is readable (loop.add_reader, in asyncio's selector loops and uvloop
+alike); we read into a small queue, and a read takes from it or waits on one future.
+
+Why not asyncio's transports: they read with recv(), which drops the one thing a measuring
+client most wants, the kernel's receive timestamp. Each read here asks for it (SO_TIMESTAMPNS,
+Linux): a chunk's arrival is when the kernel queued its last segment, however busy the event
+loop was with other streams, a garbage collection or the parsers. Elsewhere (or if the kernel
+gives none) the arrival is the time of the read. The kernel stamps CLOCK_REALTIME; it becomes a
+perf_counter time through the wait measured on the realtime clock at the read, so a clock
+offset never enters, and a wait that is negative or implausibly long (the clock was stepped)
+falls back to the time of the read. `arrived_at()` gives the arrival of the chunk httpcore read
+last; the engine stamps streamed events with it, before any HTTP, SSE or JSON parsing.
 
 What httpcore relies on is kept: the same exceptions (ReadError, ConnectError, ...Timeout), b""
 at the end of the stream, "is_readable" for spotting a dead pooled connection, and a write that
-returns only once the kernel has taken every byte (the trace's body-sent time, so upload_ms, is
-unchanged). TLS runs over the same protocol with ssl.MemoryBIO, as anyio does, rather than
-asyncio's start_tls: its TLS transport reports write flow control differently (a zero
-high-water mark pauses it on every other write), so "the kernel has the bytes" could not be
-awaited through it.
+returns only once the kernel has taken every byte, as with anyio; `write_done` tells when that
+was, for the body-sent time (upload_ms). TLS runs with ssl.MemoryBIO over the same socket, as
+anyio does.
 
-Every chunk keeps the perf_counter time at which asyncio handed it over (data_received, before
-any HTTP, SSE or JSON parsing); `arrived_at()` gives the arrival time of the chunk httpcore read
-last, so the engine can stamp a streamed event with when its bytes came off the socket rather
-than when the parsers above got to it (under load, other streams' parsing would sit in between).
-
-Memory stays bounded: reading pauses once READ_HIGH_WATER bytes wait unread and resumes when
-the reader has drained half of them (a 200 MB response is never buffered here).
+Memory stays bounded: reading stops once READ_HIGH_WATER bytes wait unread and resumes when the
+reader has drained half of them (a 200 MB response is never buffered here).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import ipaddress
+import socket
 import ssl
+import struct
+import sys
 import time
 from collections.abc import Iterable
-from typing import Any, cast
+from contextvars import ContextVar
+from typing import Any
 
 import httpcore
 from httpcore._utils import is_socket_readable
 
 READ_HIGH_WATER = 256 * 1024
-_TLS_READ = 64 * 1024
+READ_SIZE = 64 * 1024
+# SO_TIMESTAMPNS (= SCM_TIMESTAMPNS) is 35 on Linux; the socket module does not name it.
+_SO_TIMESTAMPNS = 35 if sys.platform == "linux" else None
+_TIMESPEC = struct.Struct("@qq")
+_ANCILLARY_SIZE = socket.CMSG_SPACE(_TIMESPEC.size) if _SO_TIMESTAMPNS is not None else 0
+# A kernel stamp older than this at the read means the realtime clock moved under us.
+_MAX_WAIT_NS = 60 * 1_000_000_000
+
+# When the kernel took the last byte of the latest write made in this context (perf_counter):
+# the probe's body-sent time, without the HTTP client's own work after the write.
+write_done: ContextVar[float] = ContextVar("probes_write_done", default=0.0)
 
 
-class _Protocol(asyncio.Protocol):
-    """Queues what arrives (decrypted, once TLS has started) for AsyncioStream.read."""
+class _Connection:
+    """One socket, read whenever it is readable, with the kernel's receive time of each read."""
 
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+        self.loop = loop
+        self.sock = sock
         self.chunks: collections.deque[bytes] = collections.deque()
         self.arrivals: collections.deque[float] = collections.deque()  # one per chunk
         self.last_arrival = 0.0  # arrival of the chunk read last
         self.buffered = 0
         self.waiter: asyncio.Future[None] | None = None
         self.write_waiter: asyncio.Future[None] | None = None
+        self.unsent = bytearray()
+        self.drained_at = 0.0  # when the kernel last took every byte handed to it
         self.eof = False
         self.lost = False
+        self.closed = False
         self.exception: BaseException | None = None
-        self.paused_reading = False
-        self.paused_writing = False
         self.tls: ssl.SSLObject | None = None
         self.tls_in = ssl.MemoryBIO()
         self.tls_out = ssl.MemoryBIO()
         self.handshake: asyncio.Future[None] | None = None
+        self.kernel_stamps = False
+        if _SO_TIMESTAMPNS is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+                self.kernel_stamps = True
+            except OSError:
+                pass
+        self.reading = True
+        loop.add_reader(sock, self._on_readable)
 
-    # asyncio callbacks
+    # the loop's callbacks
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
-        self.transport = transport = cast(asyncio.Transport, transport)
-        # Pause (and so make writes wait) whenever anything is left unsent: a write completes
-        # when the kernel has all of its bytes, as with anyio.
-        transport.set_write_buffer_limits(0)
-
-    def data_received(self, data: bytes) -> None:
+    def _on_readable(self) -> None:
+        try:
+            if self.kernel_stamps:
+                data, ancillary, _, _ = self.sock.recvmsg(READ_SIZE, _ANCILLARY_SIZE)
+            else:
+                data, ancillary = self.sock.recv(READ_SIZE), []
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._fail(exc)
+            return
         now = time.perf_counter()
-        if self.tls is None:
+        if ancillary:
+            now = _kernel_arrival(ancillary, now)
+        if not data:
+            self.eof = True
+            self._stop_reading()
+            self._fail_handshake(ConnectionResetError("the server closed the connection"))
+        elif self.tls is None:
             self._queue(data, now)
         else:
             self.tls_in.write(data)
             self.tls_pump(now)
         self._wake()
 
-    def eof_received(self) -> bool:
-        # With TLS, an end without close_notify counts as the end too (anyio's
-        # standard_compatible=False): whether the response was complete is judged from the
-        # HTTP framing and the stream's own end events, not from TLS.
-        self.eof = True
-        self._fail_handshake(ConnectionResetError("the server closed the connection"))
-        self._wake()
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = True
-        if exc is not None and self.exception is None:
-            self.exception = exc
-        self._fail_handshake(exc or ConnectionResetError("the connection was closed"))
-        self._wake()
-        self._wake_writer()
-
-    def pause_writing(self) -> None:
-        self.paused_writing = True
-
-    def resume_writing(self) -> None:
-        self.paused_writing = False
-        self._wake_writer()
+    def _on_writable(self) -> None:
+        try:
+            sent = self.sock.send(self.unsent)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._fail(exc)
+            return
+        del self.unsent[:sent]
+        if not self.unsent:
+            self.drained_at = time.perf_counter()
+            self.loop.remove_writer(self.sock)
+            self._wake_writer()
 
     # helpers
+
+    def send(self, data: bytes) -> bool:
+        """Hand bytes to the kernel; False while some wait for the socket to drain."""
+        if self.unsent:
+            self.unsent += data
+            return False
+        try:
+            sent = self.sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            self._fail(exc)
+            raise httpcore.WriteError(exc) from exc
+        if sent == len(data):
+            self.drained_at = time.perf_counter()
+            return True
+        self.unsent += data[sent:]
+        self.loop.add_writer(self.sock, self._on_writable)
+        return False
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._stop_reading()
+        if self.unsent:
+            self.loop.remove_writer(self.sock)
+            self.unsent.clear()
+        self.sock.close()
+        self._wake()
+        self._wake_writer()
+
+    def start_reading(self) -> None:
+        if not self.reading and not (self.eof or self.lost or self.closed):
+            self.reading = True
+            self.loop.add_reader(self.sock, self._on_readable)
+
+    def _stop_reading(self) -> None:
+        if self.reading:
+            self.reading = False
+            self.loop.remove_reader(self.sock)
+
+    def _fail(self, exc: BaseException) -> None:
+        self.lost = True
+        if self.exception is None:
+            self.exception = exc
+        self._stop_reading()
+        if self.unsent:
+            self.loop.remove_writer(self.sock)
+            self.unsent.clear()
+        self._fail_handshake(exc)
+        self._wake()
+        self._wake_writer()
 
     def _queue(self, data: bytes, now: float) -> None:
         self.chunks.append(data)
         self.arrivals.append(now)
         self.buffered += len(data)
-        if self.buffered > READ_HIGH_WATER and not self.paused_reading:
-            assert self.transport is not None
-            self.transport.pause_reading()
-            self.paused_reading = True
+        if self.buffered > READ_HIGH_WATER:
+            self._stop_reading()
 
     def _wake(self) -> None:
         waiter = self.waiter
@@ -129,8 +209,7 @@ class _Protocol(asyncio.Protocol):
 
     def tls_flush(self) -> None:
         if self.tls_out.pending:
-            assert self.transport is not None
-            self.transport.write(self.tls_out.read())
+            self.send(self.tls_out.read())
 
     def tls_pump(self, now: float) -> None:
         tls = self.tls
@@ -146,7 +225,7 @@ class _Protocol(asyncio.Protocol):
                 self.handshake.set_result(None)
             while True:
                 try:
-                    data = tls.read(_TLS_READ)
+                    data = tls.read(READ_SIZE)
                 except ssl.SSLWantReadError:
                     break
                 except ssl.SSLZeroReturnError:  # close_notify
@@ -157,88 +236,89 @@ class _Protocol(asyncio.Protocol):
                     break
                 self._queue(data, now)
             self.tls_flush()  # TLS 1.3 may answer post-handshake messages
-        except (ssl.SSLError, OSError) as exc:
-            if self.handshake is not None and not self.handshake.done():
-                self.handshake.set_exception(exc)
-            else:
-                self.exception = exc
-            assert self.transport is not None
-            self.transport.abort()
+        except (ssl.SSLError, OSError, httpcore.WriteError) as exc:
+            self._fail(exc)
 
 
-async def _readable(protocol: _Protocol) -> None:
+def _kernel_arrival(ancillary: list[tuple[int, int, bytes]], now: float) -> float:
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(payload) >= 16:
+            seconds, nanoseconds = _TIMESPEC.unpack_from(payload)
+            waited_ns: int = time.time_ns() - (seconds * 1_000_000_000 + nanoseconds)
+            if 0 <= waited_ns < _MAX_WAIT_NS:
+                return now - waited_ns / 1e9
+    return now
+
+
+async def _readable(conn: _Connection) -> None:
     """Until data, the end, or a failure. TLS records that carry no data (a session ticket)
     wake the reader too: it waits again."""
-    while not (protocol.chunks or protocol.eof or protocol.lost):
-        waiter = protocol.waiter = asyncio.get_running_loop().create_future()
+    while not (conn.chunks or conn.eof or conn.lost or conn.closed):
+        waiter = conn.waiter = conn.loop.create_future()
         try:
             await waiter
         finally:
-            protocol.waiter = None
+            conn.waiter = None
 
 
 class AsyncioStream(httpcore.AsyncNetworkStream):
-    def __init__(self, transport: asyncio.Transport, protocol: _Protocol) -> None:
-        self._transport = transport
-        self._protocol = protocol
-        self._closed = False
+    def __init__(self, conn: _Connection) -> None:
+        self._conn = conn
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        protocol = self._protocol
-        chunks = protocol.chunks
+        conn = self._conn
+        chunks = conn.chunks
         if not chunks:
-            if self._closed:
+            if conn.closed:
                 raise httpcore.ReadError("the stream is closed")
-            if not (protocol.eof or protocol.lost):
+            if not (conn.eof or conn.lost):
                 if timeout is None:
-                    await _readable(protocol)
+                    await _readable(conn)
                 else:
                     try:
                         async with asyncio.timeout(timeout):
-                            await _readable(protocol)
+                            await _readable(conn)
                     except TimeoutError as exc:
                         raise httpcore.ReadTimeout(exc) from exc
             if not chunks:
-                failure = protocol.exception
+                failure = conn.exception
                 if failure is not None:
                     raise httpcore.ReadError(failure) from failure
-                if protocol.eof:
+                if conn.eof:
                     return b""
                 raise httpcore.ReadError("the connection was closed")
         chunk = chunks.popleft()
-        protocol.last_arrival = protocol.arrivals.popleft()
+        conn.last_arrival = conn.arrivals.popleft()
         if len(chunk) > max_bytes:
             chunks.appendleft(chunk[max_bytes:])
-            protocol.arrivals.appendleft(protocol.last_arrival)
+            conn.arrivals.appendleft(conn.last_arrival)
             chunk = chunk[:max_bytes]
-        protocol.buffered -= len(chunk)
-        if protocol.paused_reading and protocol.buffered <= READ_HIGH_WATER // 2:
-            protocol.paused_reading = False
-            self._transport.resume_reading()
+        conn.buffered -= len(chunk)
+        if not conn.reading and conn.buffered <= READ_HIGH_WATER // 2:
+            conn.start_reading()
         return chunk
 
     def arrived_at(self) -> float:
         """When the chunk read last arrived (perf_counter seconds)."""
-        return self._protocol.last_arrival
+        return self._conn.last_arrival
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:
         if not buffer:
             return
-        protocol = self._protocol
-        if self._closed or protocol.lost or self._transport.is_closing():
-            failure = protocol.exception
+        conn = self._conn
+        if conn.closed or conn.lost:
+            failure = conn.exception
             raise httpcore.WriteError(failure or "the connection is closed") from failure
-        if protocol.tls is not None:
+        if conn.tls is not None:
             try:
-                protocol.tls.write(buffer)
+                conn.tls.write(buffer)
             except ssl.SSLError as exc:
                 raise httpcore.WriteError(exc) from exc
-            protocol.tls_flush()
-        else:
-            self._transport.write(buffer)
-        if not protocol.paused_writing:
+            buffer = conn.tls_out.read()
+        if conn.send(buffer):
+            write_done.set(conn.drained_at)
             return
-        waiter = protocol.write_waiter = asyncio.get_running_loop().create_future()
+        waiter = conn.write_waiter = conn.loop.create_future()
         try:
             if timeout is None:
                 await waiter
@@ -248,15 +328,14 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
         except TimeoutError as exc:
             raise httpcore.WriteTimeout(exc) from exc
         finally:
-            protocol.write_waiter = None
-        if protocol.lost:
-            failure = protocol.exception
+            conn.write_waiter = None
+        if conn.lost or conn.closed:
+            failure = conn.exception
             raise httpcore.WriteError(failure or "the connection was closed") from failure
+        write_done.set(conn.drained_at)
 
     async def aclose(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._transport.close()
+        self._conn.close()
 
     async def start_tls(
         self,
@@ -264,45 +343,46 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
         server_hostname: str | None = None,
         timeout: float | None = None,
     ) -> httpcore.AsyncNetworkStream:
-        protocol = self._protocol
-        if protocol.tls is not None or protocol.lost or protocol.eof:
+        conn = self._conn
+        if conn.tls is not None or conn.lost or conn.eof or conn.closed:
             raise httpcore.ConnectError("TLS cannot start on this connection")
-        protocol.tls = ssl_context.wrap_bio(
-            protocol.tls_in, protocol.tls_out, server_side=False, server_hostname=server_hostname
+        conn.tls = ssl_context.wrap_bio(
+            conn.tls_in, conn.tls_out, server_side=False, server_hostname=server_hostname
         )
-        handshake = protocol.handshake = asyncio.get_running_loop().create_future()
+        handshake = conn.handshake = conn.loop.create_future()
         try:
-            protocol.tls_pump(time.perf_counter())  # sends the ClientHello
+            conn.tls_pump(time.perf_counter())  # sends the ClientHello
             async with asyncio.timeout(timeout):
                 await handshake
         except TimeoutError as exc:
-            self._transport.abort()
+            conn.close()
             raise httpcore.ConnectTimeout(exc) from exc
         except (ssl.SSLError, OSError) as exc:
-            self._transport.abort()
+            conn.close()
             raise httpcore.ConnectError(exc) from exc
         except BaseException:
-            self._transport.abort()
+            conn.close()
             raise
         return self
 
     def get_extra_info(self, info: str) -> Any:
-        transport = self._transport
+        conn = self._conn
         if info == "ssl_object":
-            return self._protocol.tls
-        if info == "client_addr":
-            return transport.get_extra_info("sockname")
-        if info == "server_addr":
-            return transport.get_extra_info("peername")
+            return conn.tls
         if info == "socket":
-            return transport.get_extra_info("socket")
+            return conn.sock
+        if conn.closed:
+            return True if info == "is_readable" else None
+        if info == "client_addr":
+            return conn.sock.getsockname()
+        if info == "server_addr":
+            return conn.sock.getpeername()
         if info == "is_readable":
-            # Data or an end of stream already taken off the socket counts as readable: a pooled
+            # Data or an end already taken off the socket counts as readable: a pooled
             # connection with either is not clean for a new request.
-            protocol = self._protocol
-            if protocol.chunks or protocol.eof or protocol.lost or transport.is_closing():
+            if conn.chunks or conn.eof or conn.lost:
                 return True
-            return is_socket_readable(transport.get_extra_info("socket"))
+            return is_socket_readable(conn.sock)
         return None
 
 
@@ -317,38 +397,53 @@ class AsyncioBackend(httpcore.AsyncNetworkBackend):
     ) -> httpcore.AsyncNetworkStream:
         loop = asyncio.get_running_loop()
         try:
+            family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+            address: Any = (host, port)
+        except ValueError:  # a name: TimedBackend passes addresses, this is for other callers
+            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            family, address = infos[0][0], infos[0][4]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as anyio and asyncio
+            if local_address:
+                sock.bind((local_address, 0))
             async with asyncio.timeout(timeout):
-                transport, protocol = await loop.create_connection(
-                    _Protocol,
-                    host,
-                    port,
-                    local_addr=(local_address, 0) if local_address else None,
-                )
+                await loop.sock_connect(sock, address)
+            for option in socket_options or ():
+                sock.setsockopt(*option)
         except TimeoutError as exc:
+            sock.close()
             raise httpcore.ConnectTimeout(exc) from exc
         except OSError as exc:
+            sock.close()
             raise httpcore.ConnectError(exc) from exc
-        # asyncio sets TCP_NODELAY on TCP transports, as anyio does.
-        sock = transport.get_extra_info("socket")
-        for option in socket_options or ():
-            sock.setsockopt(*option)
-        return AsyncioStream(transport, protocol)
+        except BaseException:
+            sock.close()
+            raise
+        return AsyncioStream(_Connection(loop, sock))
 
     async def connect_unix_socket(
         self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
     ) -> httpcore.AsyncNetworkStream:
         loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
+            sock.setblocking(False)
             async with asyncio.timeout(timeout):
-                transport, protocol = await loop.create_unix_connection(_Protocol, path)
+                await loop.sock_connect(sock, path)
+            for option in socket_options or ():
+                sock.setsockopt(*option)
         except TimeoutError as exc:
+            sock.close()
             raise httpcore.ConnectTimeout(exc) from exc
         except OSError as exc:
+            sock.close()
             raise httpcore.ConnectError(exc) from exc
-        sock = transport.get_extra_info("socket")
-        for option in socket_options or ():
-            sock.setsockopt(*option)
-        return AsyncioStream(transport, protocol)
+        except BaseException:
+            sock.close()
+            raise
+        return AsyncioStream(_Connection(loop, sock))
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)

@@ -25,7 +25,7 @@ from typing import Any
 import httpcore
 import httpx
 
-from probes.netstream import AsyncioBackend, AsyncioStream
+from probes.netstream import AsyncioBackend, AsyncioStream, write_done
 
 
 class BlockedAddress(Exception):
@@ -47,7 +47,7 @@ class Phases:
     tls_start: float | None = None
     tls_end: float | None = None
     body_sent: float | None = None
-    headers_received: float | None = None
+    started: float = 0.0  # t0
     allow_private: bool = True
     connect_to: str | None = None
     events: list[str] = field(default_factory=list)
@@ -63,9 +63,9 @@ class Phases:
         elif name == "connection.start_tls.complete":
             self.tls_end = now
         elif name.endswith("send_request_body.complete"):
-            self.body_sent = now
-        elif name.endswith("receive_response_headers.complete"):
-            self.headers_received = now
+            # When the kernel took the body's last byte, not when httpcore got round to saying so.
+            done = write_done.get()
+            self.body_sent = done if self.started <= done <= now else now
 
 
 current: ContextVar[Phases | None] = ContextVar("probe_phases", default=None)
@@ -140,10 +140,11 @@ class TimedBackend(httpcore.AsyncNetworkBackend):
 def arrival_clock(response: httpx.Response) -> Callable[[], float]:
     """A clock for a streaming response: when the bytes read last for it arrived.
 
-    HTTP/1.1: the arrival of the read that completed the chunk httpx just yielded (h11 reads
-    only when it cannot make an event from what it holds). HTTP/2: the arrival of the latest
-    read on the connection, which another stream's task may have made after this stream's
-    data came in, so never earlier than the truth. A stream not ours: the time now."""
+    HTTP/1.1: the arrival of the read that completed what httpx just returned, the headers or
+    a body chunk (h11 reads only when it cannot make an event from what it holds). HTTP/2: the
+    arrival of the latest read on the connection, which another stream's task may have made
+    after this stream's data came in, so never earlier than the truth. A stream not ours: the
+    time now."""
     stream = response.extensions.get("network_stream")
     return stream.arrived_at if isinstance(stream, AsyncioStream) else time.perf_counter
 
