@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpcore
 import httpx
 import msgpack
 
@@ -45,10 +46,12 @@ from probes.model import ERROR as OUTCOME_ERROR
 from probes.sse import LineTooLong, SSEParser
 from probes.tokenizer import count_tokens
 from probes.transport import (
+    HTTPCORE_ERRORS,
     BlockedAddress,
     Phases,
     ResolutionError,
     arrival_clock,
+    body_chunks,
     current,
     make_client,
     warm_clients,
@@ -150,7 +153,7 @@ def _classify_exception(exc: BaseException, headers_seen: bool) -> tuple[str, st
             return "blocked_url", str(item)
         if isinstance(item, ssl.SSLError):
             return "tls", f"TLS failed: {item.reason or item}"
-    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpcore.ConnectError):
         return "connect", f"connection failed: {exc}"
     if headers_seen:
         return "truncated", f"the stream broke off: {exc.__class__.__name__}"
@@ -234,7 +237,7 @@ async def _attempt(
                 return _finish(result, phases, state, t0, spec)
             parser = SSEParser(max_line_bytes=spec.max_line_bytes)
             received = 0
-            async for chunk in response.aiter_raw():
+            async for chunk in body_chunks(response):
                 now = arrived_at()
                 received += len(chunk)
                 if received > spec.max_response_bytes:
@@ -283,7 +286,7 @@ async def _attempt(
         _fail(result, "too_large", str(exc), spec)
     except MalformedStream as exc:
         _fail(result, "malformed_stream", str(exc), spec)
-    except (httpx.HTTPError, OSError, ResolutionError, BlockedAddress) as exc:
+    except (httpx.HTTPError, *HTTPCORE_ERRORS, OSError, ResolutionError, BlockedAddress) as exc:
         kind, detail = _classify_exception(exc, state.headers_at is not None)
         _fail(result, kind, detail, spec)
     finally:
@@ -303,7 +306,7 @@ def _loop_time(perf_deadline: float) -> float:
 
 
 async def _close_quietly(response: httpx.Response) -> None:
-    with contextlib.suppress(httpx.HTTPError, OSError, TimeoutError):
+    with contextlib.suppress(httpx.HTTPError, *HTTPCORE_ERRORS, OSError, TimeoutError):
         await asyncio.wait_for(response.aclose(), 2.0)
 
 

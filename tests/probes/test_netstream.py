@@ -11,6 +11,7 @@ import httpcore
 import pytest
 
 from probes.netstream import READ_HIGH_WATER, READ_SIZE, AsyncioBackend, AsyncioStream
+from probes.transport import arrival_clock, body_chunks, make_client
 from simulator.testing import SimulatorProcess
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -142,5 +143,21 @@ def test_a_chunk_keeps_the_time_it_arrived_not_the_time_it_was_read() -> None:
         assert first_at + 0.15 < stream.arrived_at() <= time.perf_counter()
         await stream.aclose()
         server.close()
+
+    asyncio.run(go())
+
+
+def test_the_body_is_read_below_httpx_with_its_arrival_times(sim: SimulatorProcess) -> None:
+    async def go() -> None:
+        client = make_client(False, True, cleartext=True)
+        async with client.stream("GET", f"{sim.base_url}/_sim/health") as response:
+            chunks = body_chunks(response)
+            # httpcore's own stream, not httpx's aiter_raw (httpx moved it if this fails)
+            assert "httpcore" in chunks.ag_code.co_filename  # type: ignore[attr-defined]
+            body = b"".join([chunk async for chunk in chunks])
+            arrived = arrival_clock(response)()
+        await client.aclose()
+        assert b'"status": "ok"' in body
+        assert 0 < time.perf_counter() - arrived < 5
 
     asyncio.run(go())
