@@ -174,6 +174,10 @@ def main() -> None:
     subprocess.run(
         [sys.executable, str(ROOT / "manage.py"), "migrate", "--noinput", "-v0"], check=True
     )
+    # Pages link their static files through the manifest, as in production.
+    subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "collectstatic", "--noinput", "-v0"], check=True
+    )
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "monitor.settings")
     import django
 

@@ -161,3 +161,26 @@ def test_dns_connect_tls_and_blocked_addresses_are_told_apart(
     blocked = _run(_spec(sim, allow_private=False))
     assert blocked.error_kind == "blocked_url"
     assert "non-public" in blocked.error_detail
+
+
+def test_proxy_variables_in_the_environment_do_not_reroute_probes(
+    sim: SimulatorProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A proxy would take the connection out of our backend: no DNS timing, no address check,
+    # no arrival stamps. The probe must connect itself, whatever the environment says.
+    trap = socket.create_server(("127.0.0.1", 0))
+    trap.settimeout(0.2)
+    proxy = f"http://127.0.0.1:{trap.getsockname()[1]}"
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "all_proxy"):
+        monkeypatch.setenv(name, proxy)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    try:
+        result = _run(_spec(sim))
+        assert result.outcome == "ok", result.error_detail
+        blocked = _run(_spec(sim, allow_private=False))
+        assert blocked.error_kind == "blocked_url"  # the address check still applies
+        with pytest.raises(TimeoutError):
+            trap.accept()  # nothing reached the would-be proxy
+    finally:
+        trap.close()
