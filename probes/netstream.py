@@ -390,6 +390,32 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
         return None
 
 
+async def _connect(
+    loop: asyncio.AbstractEventLoop,
+    sock: socket.socket,
+    address: Any,
+    timeout: float | None,
+    socket_options: Iterable[Any] | None,
+) -> AsyncioStream:
+    """Connect a fresh socket, mapping failures to httpcore's exceptions; closed on failure."""
+    try:
+        sock.setblocking(False)
+        async with asyncio.timeout(timeout):
+            await loop.sock_connect(sock, address)
+        for option in socket_options or ():
+            sock.setsockopt(*option)
+    except TimeoutError as exc:
+        sock.close()
+        raise httpcore.ConnectTimeout(exc) from exc
+    except OSError as exc:
+        sock.close()
+        raise httpcore.ConnectError(exc) from exc
+    except BaseException:
+        sock.close()
+        raise
+    return AsyncioStream(_Connection(loop, sock))
+
+
 class AsyncioBackend(httpcore.AsyncNetworkBackend):
     async def connect_tcp(
         self,
@@ -408,46 +434,20 @@ class AsyncioBackend(httpcore.AsyncNetworkBackend):
             family, address = infos[0][0], infos[0][4]
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
-            sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as anyio and asyncio
             if local_address:
                 sock.bind((local_address, 0))
-            async with asyncio.timeout(timeout):
-                await loop.sock_connect(sock, address)
-            for option in socket_options or ():
-                sock.setsockopt(*option)
-        except TimeoutError as exc:
-            sock.close()
-            raise httpcore.ConnectTimeout(exc) from exc
-        except OSError as exc:
-            sock.close()
-            raise httpcore.ConnectError(exc) from exc
         except BaseException:
             sock.close()
             raise
-        return AsyncioStream(_Connection(loop, sock))
+        return await _connect(loop, sock, address, timeout, socket_options)
 
     async def connect_unix_socket(
         self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
     ) -> httpcore.AsyncNetworkStream:
         loop = asyncio.get_running_loop()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.setblocking(False)
-            async with asyncio.timeout(timeout):
-                await loop.sock_connect(sock, path)
-            for option in socket_options or ():
-                sock.setsockopt(*option)
-        except TimeoutError as exc:
-            sock.close()
-            raise httpcore.ConnectTimeout(exc) from exc
-        except OSError as exc:
-            sock.close()
-            raise httpcore.ConnectError(exc) from exc
-        except BaseException:
-            sock.close()
-            raise
-        return AsyncioStream(_Connection(loop, sock))
+        return await _connect(loop, sock, path, timeout, socket_options)
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
