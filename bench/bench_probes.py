@@ -130,14 +130,21 @@ async def _engine(base: str, streams: int, ramp: float):
         await warm_clients.aclose()
 
 
+def _config(folder: Path) -> Path:
+    path = folder / "bench.toml"
+    path.write_text(CONFIG)
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--levels", default="1,50,200")
     ns = parser.parse_args()
-    folder = Path(tempfile.mkdtemp(prefix="bench-probes-"))
-    (folder / "bench.toml").write_text(CONFIG)
     rows = []
-    with SimulatorProcess(folder / "bench.toml") as sim:
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-probes-") as tmp,
+        SimulatorProcess(_config(Path(tmp))) as sim,
+    ):
         # Warm the engine's imports and tokenizer outside any measurement.
         asyncio.run(_engine(sim.base_url, 1, 0))
         for streams in (int(x) for x in ns.levels.split(",")):
