@@ -7,6 +7,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from django import template
+from django.utils.html import format_html, format_html_join
 
 from monitor.templatetags.rw import ms
 
@@ -68,3 +69,23 @@ def query(params: Mapping[str, Any], **overrides: Any) -> str:
     merged = {**params, **overrides}
     clean = {k: v for k, v in merged.items() if v not in (None, "")}
     return "?" + urlencode(clean) if clean else "?"
+
+
+@register.simple_tag
+def chip(label: object, value: object, current: object, **params: object) -> str:
+    """A filter chip, active when `value == current` (the page's task, region, range...): a
+    link to this page with `params` as its query string, for plain navigation (href) and
+    htmx (hx-get; the filter bar sets the target, swap and history). Parameters that are
+    None or empty are left out; `data_<name>=value` becomes a data-<name> attribute."""
+    data = {k.removeprefix("data_"): v for k, v in params.items() if k.startswith("data_")}
+    query = {k: v for k, v in params.items() if not k.startswith("data_") and v not in (None, "")}
+    href = "?" + urlencode(query)
+    attrs = format_html_join("", ' data-{}="{}"', data.items())
+    return format_html(
+        '<a class="chip{}"{} href="{}" hx-get="{}">{}</a>',
+        " active" if value == current else "",
+        attrs,
+        href,
+        href,
+        label,
+    )
