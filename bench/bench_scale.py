@@ -372,7 +372,7 @@ def measure_ingest(now: datetime, count: int, batch: int) -> tuple[float, float]
 def _rebuild_every() -> str:
     from django.conf import settings
 
-    return f"{max(1.0, settings.DASHBOARD_REFRESH_SECONDS / 2):g} s"
+    return f"{settings.CELERY_BEAT_SCHEDULE['overview']['schedule']:g} s"
 
 
 def main() -> None:

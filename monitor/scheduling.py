@@ -146,10 +146,9 @@ def due_slots(now: datetime) -> list[Slot]:
                 phase = phase_s(task.pk, route.pk, region.pk, task.probe_interval_s)
                 after = latest.get((task.pk, route.pk, region.pk))
                 for at in slot_times(now, task.probe_interval_s, phase, after):
-                    slot = Slot(task, route, region, at)
                     if after is None and starts_later(at, now):
                         continue
-                    slots.append(slot)
+                    slots.append(Slot(task, route, region, at))
     return slots
 
 

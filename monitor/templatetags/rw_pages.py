@@ -78,8 +78,7 @@ def chip(label: object, value: object, current: object, **params: object) -> str
     htmx (hx-get; the filter bar sets the target, swap and history). Parameters that are
     None or empty are left out; `data_<name>=value` becomes a data-<name> attribute."""
     data = {k.removeprefix("data_"): v for k, v in params.items() if k.startswith("data_")}
-    query = {k: v for k, v in params.items() if not k.startswith("data_") and v not in (None, "")}
-    href = "?" + urlencode(query)
+    href = query({}, **{k: v for k, v in params.items() if not k.startswith("data_")})
     attrs = format_html_join("", ' data-{}="{}"', data.items())
     return format_html(
         '<a class="chip{}"{} href="{}" hx-get="{}">{}</a>',
