@@ -421,12 +421,10 @@ class ProbeResult(models.Model):
             # Time-range scans over the whole table (rollups, retention, probe log): BRIN is
             # tiny and fits an append-mostly table ordered by time.
             BrinIndex(fields=["started_at"], name="result_started_brin"),
-            # Route page reads: one route over a time window, answered from the index alone.
-            models.Index(
-                fields=["route", "started_at"],
-                name="result_route_time",
-                include=["region", "outcome", "ttft_ms", "e2e_ms", "tps"],
-            ),
+            # Route page raw reads (median probe, headroom, option comparisons): one route,
+            # last 24 h. No percentile is computed from raw rows (rollups hold them), so the
+            # index carries no measurement columns: a third of the size it was, cheaper ingest.
+            models.Index(fields=["route", "started_at"], name="result_route_started"),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -576,6 +574,37 @@ class Rollup(models.Model):
     @property
     def count(self) -> int:
         return self.count_ok + self.count_error + self.count_missed
+
+
+class HourStrip(models.Model):
+    """One UTC day of one (task, route, region)'s hourly chart points, kept by PostgreSQL.
+
+    A trigger on monitor_rollup (migration 0008) writes each hourly rollup row's ready-made
+    percentiles (Rollup.*_pcts) into its hour of the day's strip, whoever writes the row, so a
+    month of hourly points is 31 rows to read, not 720. `points` is JSON text, kept as text so
+    a page joins the strips into its chart data without parsing a number
+    (monitor.pages_route.series): 24 entries, null for an hour with no rollup, else
+    [ttft p50, p95, p99, e2e p50, p95, p99, tps p50, p95, p99], null where too few samples.
+    region NULL holds all regions merged, as in Rollup."""
+
+    day = models.DateTimeField()
+    task = models.ForeignKey(Task, on_delete=models.CASCADE)
+    route = models.ForeignKey(Route, on_delete=models.CASCADE)
+    region = models.ForeignKey(Region, on_delete=models.CASCADE, null=True, blank=True)
+    points = models.TextField()
+
+    class Meta:
+        constraints = [
+            # Also the index of the page's read: one (task, route, region) over a range of days.
+            models.UniqueConstraint(
+                fields=["task", "route", "region", "day"],
+                name="hourstrip_key",
+                nulls_distinct=False,
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.day:%Y-%m-%d} {self.task_id}/{self.route_id}/{self.region_id}"
 
 
 class RaceRun(models.Model):

@@ -1,7 +1,8 @@
 """The route page: one route's percentiles over time by region, its median probe as a
 waterfall, errors, cache, rate-limit headroom and probe-option comparisons.
 
-Percentiles come from the rollups (hourly or daily histograms, one chart point per bucket).
+Percentiles come from the rollups (hourly or daily histograms, one chart point per bucket;
+hourly points are read from the hour strips PostgreSQL keeps from the hourly rollups).
 Raw results are read only where rollups cannot answer, each read bounded to the last 24 hours
 of this route through the (route, started_at) index: the median probe, the latest rate-limit
 headers, and the option comparisons (which rollups do not split).
@@ -16,6 +17,7 @@ from typing import Any, TypedDict
 
 from django.db import connection
 from django.db.models import F, FloatField, Func, Q
+from django.utils.safestring import SafeString, mark_safe
 
 from monitor import hist, rollups
 from monitor.models import (
@@ -35,13 +37,6 @@ from monitor.rollups import Stats
 QUANTILES = ROW_QUANTILES
 RAW_WINDOW = timedelta(hours=24)
 COMPARISON_ROWS = 5000  # most recent raw rows read for the option comparisons
-
-
-class Series(TypedDict):
-    labels: list[str]
-    ttft_ms: dict[str, list[float | None]]
-    e2e_ms: dict[str, list[float | None]]
-    tps: dict[str, list[float | None]]
 
 
 class Segment(TypedDict):
@@ -112,7 +107,7 @@ class RoutePage:
     regions: list[Region]
     region: Region | None
     range: Range
-    series: Series
+    series: SafeString  # chart data as JSON text (series)
     summaries: list[RegionSummary]
     selected: Stats | None
     error_kinds: list[tuple[str, int]]
@@ -135,48 +130,65 @@ class RoutePage:
         return self.selected is not None and self.selected.count_ok < hist.MIN_SAMPLES[99]
 
 
-# One chart series in one row: PostgreSQL labels the points and transposes each rollup row's
-# ready-made percentiles (Rollup.*_pcts, already rounded to 0.1) into one array per line, so
-# Python only names them.
-_LABEL_FORMATS = {GRAIN_DAY: "YYYY-MM-DD", GRAIN_HOUR: "MM-DD HH24:00"}
-_SERIES_LINES = [
-    (key, column, q, i)
-    for key, column in (("ttft_ms", "ttft_pcts"), ("e2e_ms", "e2e_pcts"), ("tps", "tps_pcts"))
-    for i, q in enumerate(QUANTILES, start=1)
-]
-_SERIES_SQL = (
-    "SELECT array_agg(to_char(bucket_start AT TIME ZONE 'UTC', %s) ORDER BY bucket_start), "
-)
-_SERIES_SQL += ", ".join(
-    f"array_agg({column}[{i}] ORDER BY bucket_start)" for _, column, _, i in _SERIES_LINES
-)
-_SERIES_SQL += " FROM ({rows}) AS points"
+# Chart data, as JSON text that the page embeds as it is and static/js/app.js unfolds:
+#   {"start": first point (UTC, ISO 8601), "step": "hour" | "day", "skip": k, "count": n,
+#    "chunks": [[point | null, ...], ...]}
+# The chunks joined, less their first k points, are the window's n points, one per hour or day
+# from start, null where no rollup row exists (an outage shows as a gap, never as a line);
+# a point is [ttft p50, p95, p99, e2e p50, p95, p99, tps p50, p95, p99] (SERIES_METRICS),
+# null where too few samples. An hourly chart joins one HourStrip per day (31 rows for a month,
+# the text of each already JSON); a daily one writes one point per daily rollup row. Either
+# way PostgreSQL hands back one string and Python parses no number.
+SERIES_METRICS = ("ttft_ms", "e2e_ms", "tps")
+_EMPTY_STRIP = "[" + ", ".join(["null"] * 24) + "]"
+_REGION = {True: "IS NULL", False: "= %(region)s"}
+_HOUR_CHUNKS_SQL = """
+SELECT string_agg(coalesce(s.points, %(empty)s), ',' ORDER BY d.i)
+FROM unnest(%(days)s::timestamptz[]) WITH ORDINALITY AS d(day, i)
+LEFT JOIN monitor_hourstrip AS s
+  ON s.task_id = %(task)s AND s.route_id = %(route)s AND s.region_id {region} AND s.day = d.day
+"""
+_DAY_CHUNKS_SQL = """
+SELECT '[' || string_agg(coalesce(rw_hour_point(r.ttft_pcts, r.e2e_pcts, r.tps_pcts)::text,
+                                  'null'), ',' ORDER BY d.i) || ']'
+FROM unnest(%(days)s::timestamptz[]) WITH ORDINALITY AS d(day, i)
+LEFT JOIN monitor_rollup AS r
+  ON r.grain = 'day' AND r.task_id = %(task)s AND r.route_id = %(route)s
+  AND r.region_id {region} AND r.bucket_start = d.day
+"""
+# As Django's json_script: the text can only hold numbers and null, but it goes into a page.
+_JSON_ESCAPES = str.maketrans({"<": "\\u003C", ">": "\\u003E", "&": "\\u0026"})
 
 
-def series(route: Route, task: Task, region: Region | None, window: Range, now: datetime) -> Series:
-    qs = rollups.rows(
-        since=window.since(now),
-        until=now + timedelta(hours=1),
-        grain=window.series_grain,
-        all_regions=region is None,
-    ).filter(route=route, task=task)
-    if region is not None:
-        qs = qs.filter(region=region)
-    rows_sql, params = (
-        qs.order_by()
-        .values("bucket_start", "ttft_pcts", "e2e_pcts", "tps_pcts")
-        .query.sql_with_params()
-    )
+def series(
+    route: Route, task: Task, region: Region | None, window: Range, now: datetime
+) -> SafeString:
+    """The route's percentiles over the window, one point per window.series_grain."""
+    grain = window.series_grain
+    first = rollups.bucket_start(window.since(now), grain)
+    last = rollups.bucket_start(now, grain)
+    step = timedelta(hours=1) if grain == GRAIN_HOUR else timedelta(days=1)
+    day = rollups.bucket_start(first, GRAIN_DAY)
+    days = [day + timedelta(days=i) for i in range((last - day).days + 1)]
+    sql = _HOUR_CHUNKS_SQL if grain == GRAIN_HOUR else _DAY_CHUNKS_SQL
+    params: dict[str, Any] = {
+        "empty": _EMPTY_STRIP,
+        "days": days,
+        "task": task.pk,
+        "route": route.pk,
+        "region": region.pk if region is not None else None,
+    }
     with connection.cursor() as cursor:
-        cursor.execute(
-            _SERIES_SQL.replace("{rows}", rows_sql),
-            [_LABEL_FORMATS[window.series_grain], *params],
-        )
-        labels, *lines = cursor.fetchone()
-    out = Series(labels=labels or [], ttft_ms={}, e2e_ms={}, tps={})
-    for (key, _, q, _), values in zip(_SERIES_LINES, lines, strict=True):
-        out[key][f"p{q}"] = values or []  # type: ignore[literal-required]
-    return out
+        cursor.execute(sql.replace("{region}", _REGION[region is None]), params)
+        chunks = cursor.fetchone()[0] or ""
+    if grain != GRAIN_HOUR:
+        chunks = chunks or "[]"
+    text = (
+        f'{{"start": "{first:%Y-%m-%dT%H:%M:%SZ}", "step": "{grain}",'
+        f' "skip": {(first - day) // step}, "count": {(last - first) // step + 1},'
+        f' "chunks": [{chunks}]}}'
+    )
+    return mark_safe(text.translate(_JSON_ESCAPES))  # noqa: S308 - escaped as json_script does
 
 
 class _Abs(Func):
@@ -371,7 +383,9 @@ def build(
             regions=[],
             region=None,
             range=window,
-            series=Series(labels=[], ttft_ms={}, e2e_ms={}, tps={}),
+            series=mark_safe(
+                '{"start": null, "step": "hour", "skip": 0, "count": 0, "chunks": []}'
+            ),
             summaries=[],
             selected=None,
             error_kinds=[],

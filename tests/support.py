@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,3 +63,26 @@ def wait_until(condition: Callable[[], bool], timeout_s: float, interval_s: floa
             return True
         time.sleep(interval_s)
     return condition()
+
+
+SERIES_METRICS = ("ttft_ms", "e2e_ms", "tps")
+
+
+def unfold_series(packed: dict[str, Any] | str) -> dict[str, Any]:
+    """A route chart's packed data (monitor.pages_route.series) as static/js/app.js unfolds
+    it: {"labels": [...], "ttft_ms": {"p50": [...], ...}, ...}. Written here again on purpose,
+    as the tests' own reading of the format."""
+    data = json.loads(packed) if isinstance(packed, str) else packed
+    flat = [point for chunk in data["chunks"] for point in chunk]
+    points = flat[data["skip"] : data["skip"] + data["count"]]
+    step = timedelta(days=1) if data["step"] == "day" else timedelta(hours=1)
+    out: dict[str, Any] = {"labels": []}
+    for m in SERIES_METRICS:
+        out[m] = {"p50": [], "p95": [], "p99": []}
+    for i, point in enumerate(points):
+        at = datetime.fromisoformat(data["start"]) + i * step
+        out["labels"].append(f"{at:%Y-%m-%d}" if data["step"] == "day" else f"{at:%m-%d %H}:00")
+        for mi, m in enumerate(SERIES_METRICS):
+            for qi, q in enumerate(("p50", "p95", "p99")):
+                out[m][q].append(point[mi * 3 + qi] if point else None)
+    return out

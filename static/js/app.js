@@ -49,8 +49,40 @@
     return v === null || v === undefined ? "—" : Math.round(v).toLocaleString("en-US") + " tok/s";
   }
 
+  // Route chart data (monitor/pages_route.py, series): the chunks joined, less the first
+  // `skip` points, are `count` points one step apart from `start` (UTC); each point is
+  // [ttft p50, p95, p99, e2e p50, p95, p99, tps p50, p95, p99] or null (no data that hour).
+  var SERIES_METRICS = ["ttft_ms", "e2e_ms", "tps"];
+  var QUANTILES = ["p50", "p95", "p99"];
+
+  function pad2(n) { return (n < 10 ? "0" : "") + n; }
+
+  function unfoldSeries(data) {
+    var points = [].concat.apply([], data.chunks || []).slice(data.skip, data.skip + data.count);
+    var step = data.step === "day" ? 86400000 : 3600000;
+    var start = data.start ? Date.parse(data.start) : 0;
+    var out = { labels: [] };
+    SERIES_METRICS.forEach(function (m) {
+      out[m] = {};
+      QUANTILES.forEach(function (q) { out[m][q] = []; });
+    });
+    points.forEach(function (point, i) {
+      var t = new Date(start + i * step);
+      var day = pad2(t.getUTCMonth() + 1) + "-" + pad2(t.getUTCDate());
+      out.labels.push(data.step === "day" ? t.getUTCFullYear() + "-" + day : day + " " + pad2(t.getUTCHours()) + ":00");
+      SERIES_METRICS.forEach(function (m, mi) {
+        QUANTILES.forEach(function (q, qi) {
+          var v = point ? point[mi * 3 + qi] : null;
+          out[m][q].push(v === undefined ? null : v);
+        });
+      });
+    });
+    return out;
+  }
+
   var builders = {
-    series: function (canvas, data, c) {
+    series: function (canvas, packed, c) {
+      var data = unfoldSeries(packed);
       var metric = canvas.dataset.metric;
       var block = data[metric] || {};
       var colours = { p50: c.p50, p95: c.p95, p99: c.p99 };

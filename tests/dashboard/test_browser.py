@@ -279,7 +279,7 @@ def test_every_page_loads_without_console_errors_and_draws_its_charts(
     assert any(line.startswith("TTFT p50:") for line in tooltip)
 
     session.open(pages["route"])
-    series = session.json_data("series-data")
+    series = support.unfold_series(session.json_data("series-data"))
     for canvas, key in (("chart-ttft", "ttft_ms"), ("chart-e2e", "e2e_ms"), ("chart-tps", "tps")):
         chart = session.chart(canvas)
         assert chart["labels"] == series["labels"]

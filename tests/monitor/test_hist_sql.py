@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from monitor import hist, ingest
 from monitor.models import GRAIN_HOUR, ROW_QUANTILES, Rollup
 from tests.monitor import factories as f
+from tests.support import unfold_series
 
 T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
 
@@ -94,7 +95,7 @@ def test_rollup_rows_keep_their_percentiles_through_every_upsert() -> None:
 
 
 @pytest.mark.django_db
-def test_a_route_chart_has_one_point_per_rollup_row_with_its_percentiles() -> None:
+def test_a_route_chart_has_one_point_per_hour_with_its_rollup_percentiles_or_a_gap() -> None:
     from monitor import pages_route
     from monitor.pages import RANGES
 
@@ -111,22 +112,32 @@ def test_a_route_chart_has_one_point_per_rollup_row_with_its_percentiles() -> No
     ingest.ingest(payloads)
     now = T0 + timedelta(hours=3)
     for region in (None, eu):
-        chart = pages_route.series(route, task, region, RANGES["24h"], now)
-        assert chart["labels"] == ["11-02 10:00", "11-02 11:00", "11-02 12:00"]
+        chart = unfold_series(pages_route.series(route, task, region, RANGES["24h"], now))
+        # 24 h back from 13:00: 25 hours, the three probed ones last but one
+        assert len(chart["labels"]) == 25
+        assert chart["labels"][0] == "11-01 13:00"
+        assert chart["labels"][21:] == ["11-02 10:00", "11-02 11:00", "11-02 12:00", "11-02 13:00"]
         rows = Rollup.objects.filter(grain=GRAIN_HOUR, route=route, region=region)
-        for i, row in enumerate(rows.order_by("bucket_start")):
+        for i, row in enumerate(rows.order_by("bucket_start"), start=21):
             for key, pairs, scale in (
                 ("ttft_ms", row.ttft_hist, hist.MS),
                 ("tps", row.tps_hist, hist.TPS),
             ):
                 expected = hist.percentiles(pairs, ROW_QUANTILES, scale)
                 for q, value in zip(ROW_QUANTILES, expected, strict=True):
-                    point = chart[key][f"p{q}"][i]  # type: ignore[literal-required]
+                    point = chart[key][f"p{q}"][i]
                     assert point == (None if value is None else pytest.approx(value, abs=0.05))
+        # Hours without a rollup row are gaps, never a line drawn across them
+        for key in ("ttft_ms", "e2e_ms", "tps"):
+            for values in chart[key].values():
+                assert values[:21] == [None] * 21
+                assert values[24] is None
     # 25 probes an hour in one region: p99 needs 100, so the region's chart says "too few"
-    eu_chart = pages_route.series(route, task, eu, RANGES["24h"], now)
-    assert eu_chart["ttft_ms"]["p99"] == [None, None, None]
-    assert eu_chart["ttft_ms"]["p50"][0] == pytest.approx(112, rel=0.03)
-    empty = pages_route.series(route, task, us, RANGES["24h"], T0 - timedelta(days=3))
-    assert empty["labels"] == []
-    assert empty["ttft_ms"]["p50"] == []
+    eu_chart = unfold_series(pages_route.series(route, task, eu, RANGES["24h"], now))
+    assert eu_chart["ttft_ms"]["p99"][21:24] == [None, None, None]
+    assert eu_chart["ttft_ms"]["p50"][21] == pytest.approx(112, rel=0.03)
+    empty = unfold_series(
+        pages_route.series(route, task, us, RANGES["24h"], T0 - timedelta(days=3))
+    )
+    assert len(empty["labels"]) == 25
+    assert empty["ttft_ms"]["p50"] == [None] * 25
