@@ -161,10 +161,10 @@ def apply(results: Iterable[ResultRow]) -> int:
     if not deltas:
         return 0
     params: list[Any] = []
-    # A stable order, so two ingest workers lock rows in the same order (no deadlock): rollup
-    # rows by (grain, task, route, region, time), which also takes the hour strips their
-    # trigger writes (monitor.HourStrip: per task, route, region, day) in one order.
-    for key in sorted(deltas, key=lambda k: (k[0], k[2], k[3], k[4] or 0, k[1])):
+    # A stable order, so two ingest workers lock rollup rows in the same order (no deadlock).
+    # Day rows sort first: a worker writes the hour strip of (task, route, region, day) (their
+    # trigger, monitor.HourStrip) only once it holds that day's rollup row, so strips add none.
+    for key in sorted(deltas, key=lambda k: (k[0], k[1], k[2], k[3], k[4] or 0)):
         d = deltas[key]
         params.extend(key)
         params.extend([d.count_ok, d.count_error, d.count_missed, json.dumps(d.error_kinds)])

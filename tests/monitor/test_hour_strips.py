@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
@@ -159,3 +160,40 @@ def test_every_chart_point_is_its_buckets_rollup_percentiles_or_a_gap(range_key:
                     assert value == (expected[mi * 3 + qi] if expected else None), (at, metric, q)
         assert seen == len([t for t in rows if first <= t < first + count * step])
         assert seen > 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_ingest_workers_writing_the_same_strips_never_deadlock() -> None:
+    """Two workers fold results into the same days' strips, hours in opposite orders."""
+    w = _world()
+    errors: list[BaseException] = []
+
+    def worker(hours: list[int], regions: list[Region], offset: int) -> None:
+        try:
+            for n in range(25):
+                batch = [
+                    f.payload(w.task, w.fast, g, T0 + timedelta(hours=h, seconds=offset + n))
+                    for h in hours
+                    for g in regions
+                ]
+                ingest.ingest(batch)
+        except BaseException as e:  # reported below, from the test's own thread
+            errors.append(e)
+        finally:
+            connection.close()
+
+    threads = [
+        threading.Thread(target=worker, args=([-2, -1], [w.eu, w.us], 0)),
+        threading.Thread(target=worker, args=([-1, -2], [w.us, w.eu], 30)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert Rollup.objects.filter(grain=GRAIN_HOUR, region=None).count() == 2
+    kept = _strips()
+    assert sum(p is not None for points in kept.values() for p in points) == 6
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT rw_hour_strips_rebuild()")
+    assert _strips() == kept
