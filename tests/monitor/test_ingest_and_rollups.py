@@ -144,3 +144,24 @@ def test_histogram_percentiles_track_exact_ones() -> None:
             exact[int(q / 100 * 1000) - 1], rel=0.03
         )
     assert hist.percentile(hist.build(values[:3], hist.MS), 50, hist.MS) is None
+
+
+@pytest.mark.django_db
+def test_probe_results_have_only_the_indexes_their_reads_need() -> None:
+    """Each index costs every ingested row a write: none duplicates another's lead column."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'monitor_proberesult'"
+        )
+        indexes = dict(cursor.fetchall())
+    assert set(indexes) == {
+        "monitor_proberesult_pkey",
+        "result_one_per_slot",  # (task, route, region, slot_at): also task lookups
+        "result_route_started",  # (route, started_at): also route lookups
+        "result_started_brin",
+        "monitor_proberesult_region_id_82e89292",
+        "monitor_proberesult_eval_case_id_f1eec2ad",
+    }
+    assert "INCLUDE" not in indexes["result_route_started"]
