@@ -149,8 +149,9 @@ LEFT JOIN monitor_hourstrip AS s
   ON s.task_id = %(task)s AND s.route_id = %(route)s AND s.region_id {region} AND s.day = d.day
 """
 _DAY_CHUNKS_SQL = """
-SELECT '[' || string_agg(coalesce(rw_hour_point(r.ttft_pcts, r.e2e_pcts, r.tps_pcts)::text,
-                                  'null'), ',' ORDER BY d.i) || ']'
+SELECT '[' || string_agg(CASE WHEN r.id IS NULL THEN 'null'
+                             ELSE rw_hour_point(r.ttft_pcts, r.e2e_pcts, r.tps_pcts)::text END,
+                        ',' ORDER BY d.i) || ']'
 FROM unnest(%(days)s::timestamptz[]) WITH ORDINALITY AS d(day, i)
 LEFT JOIN monitor_rollup AS r
   ON r.grain = 'day' AND r.task_id = %(task)s AND r.route_id = %(route)s
