@@ -12,11 +12,11 @@ rows (no slots, no rollups). Targets: each read <= 50 ms and >= 30x faster than 
 
 The year of raw rows is generated inside PostgreSQL (generate_series) in time order, as ingest
 writes them, and its rollups are built with SQL that buckets exactly like monitor.hist (checked
-on a sample before measuring). The tables are then vacuumed, and each read runs once before it is timed:
-the naive reads' best case, a route's rows found through the (route, started_at) index on
-all-visible pages already in memory. (Up to migration 0009 that index carried the measurement
-columns, so the naive read never visited the table: 16 ms instead of ~27 ms, the rollup read
-2.3 ms. No page computes percentiles from raw rows, so the columns went.)
+on a sample before measuring). The tables are then vacuumed, and each read runs once before
+it is timed: the naive reads' best case, a route's rows found through the (route, started_at)
+index on all-visible pages already in memory. (Up to migration 0009 that index carried the
+measurement columns, so the naive read never visited the table: 16 ms instead of ~28 ms, with
+the rollup read then at 2.3 ms. No page computes percentiles from raw rows, so they went.)
 """
 
 from __future__ import annotations
@@ -219,8 +219,8 @@ def load(now: datetime, days: int) -> None:
             )
         cursor.execute("ALTER TABLE monitor_rollup ENABLE TRIGGER rw_hour_strip_write")
         cursor.execute("SELECT rw_hour_strips_rebuild()")
-        # Every page all-visible: the naive reads' best case (index-only scans never visit
-        # the heap), which autovacuum reaches on its own soon after a load like this one.
+        # Every page all-visible and fresh statistics, as autovacuum leaves the tables soon
+        # after a load like this one.
         cursor.execute("VACUUM (ANALYZE)")
     print(f"loading: rollups in {time.perf_counter() - t0:.0f} s", flush=True)
 

@@ -181,9 +181,7 @@ def series(
     }
     with connection.cursor() as cursor:
         cursor.execute(sql.replace("{region}", _REGION[region is None]), params)
-        chunks = cursor.fetchone()[0] or ""
-    if grain != GRAIN_HOUR:
-        chunks = chunks or "[]"
+        chunks = cursor.fetchone()[0]  # never NULL: there is always at least one day
     text = (
         f'{{"start": "{first:%Y-%m-%dT%H:%M:%SZ}", "step": "{grain}",'
         f' "skip": {(first - day) // step}, "count": {(last - first) // step + 1},'
