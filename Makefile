@@ -18,13 +18,13 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m monitor.devstack run
+	$(PY) -m devstack run
 
 test: $(STAMP)
 	$(PY) -m ruff format --check .
 	$(PY) -m ruff check .
 	$(TYPECHECK_ENV) $(PY) -m mypy .
-	$(PY) -m monitor.devstack test -- $(PYTEST_ARGS)
+	$(PY) -m devstack test -- $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff format .
@@ -34,7 +34,7 @@ typecheck: $(STAMP)
 	$(TYPECHECK_ENV) $(PY) -m mypy .
 
 pytest: $(STAMP)
-	$(PY) -m monitor.devstack test -- $(PYTEST_ARGS)
+	$(PY) -m devstack test -- $(PYTEST_ARGS)
 
 bench: bench-simulator bench-probes
 
@@ -45,11 +45,11 @@ bench-probes: $(STAMP)
 	$(PY) bench/bench_probes.py
 
 bench-scale: $(STAMP)
-	$(PY) -m monitor.devstack exec -- $(PY) bench/bench_scale.py $(ARGS)
+	$(PY) -m devstack exec -- $(PY) bench/bench_scale.py $(ARGS)
 
 # Server time of every dashboard page on the scale data set (ARGS="--days 30" for a month).
 bench-pages: $(STAMP)
-	$(PY) -m monitor.devstack exec -- $(PY) bench/bench_pages.py $(ARGS)
+	$(PY) -m devstack exec -- $(PY) bench/bench_pages.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -11,7 +11,7 @@ import sys
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "monitor.settings")
     if not os.environ.get("DATABASE_URL") or not os.environ.get("REDIS_URL"):
-        from monitor import embedded
+        from devstack import embedded
 
         embedded.ensure()
     from django.core.management import execute_from_command_line

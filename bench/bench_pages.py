@@ -10,7 +10,7 @@ time is one request through the whole Django stack (middleware, session, view, t
 Django's test client, repeated; p50 and p95 per page. Target: p95 <= 100 ms on the year.
 Baseline, in the same run: the naive reads of the same figures from raw rows
 (percentile_cont over probe results, an unbounded ORDER BY for the log); ratio = naive / page p50.
-The overview is read from its snapshot (monitor.overview); "overview, snapshot rebuilt" is the
+The overview is read from its snapshot (monitor.pages.overview); "overview, snapshot rebuilt" is the
 request that finds it expired and rebuilds it (beat down, or a configuration change).
 """
 
@@ -74,8 +74,8 @@ def measure(now: datetime, repeat: int) -> list[tuple[str, list[float], list[flo
     from django.contrib.auth.models import User
     from django.test import Client
 
-    from monitor import overview
     from monitor.models import Route, Task
+    from monitor.pages import overview
 
     user, _ = User.objects.get_or_create(username="bench-pages")
     client = Client(SERVER_NAME="localhost")

@@ -4,14 +4,14 @@
     make bench-scale ARGS=--reload   # drops and reloads the data set
 
 Measures, in the same run, the reads the pages need, through the page functions themselves
-(monitor.pages_route.series for a route's chart, monitor.overview.current for the overview),
+(monitor.pages.route.series for a route's chart, monitor.pages.overview.current for the overview),
 against naive percentile_cont over raw rows (ratio = naive / rollup), and ingest throughput
 through the real ingest path (rows + slots + rollups) against Django's bulk_create of the same
 rows (no slots, no rollups). Targets: each read <= 50 ms and >= 30x faster than naive; ingest
 >= 5,000 results/s. Also printed: the overview rebuild beat does in the background.
 
 The year of raw rows is generated inside PostgreSQL (generate_series) in time order, as ingest
-writes them, and its rollups are built with SQL that buckets exactly like monitor.hist (checked
+writes them, and its rollups are built with SQL that buckets exactly like monitor.stats.hist (checked
 on a sample before measuring). The tables are then vacuumed, and each read runs once before
 it is timed: the naive reads' best case, a route's rows found through the (route, started_at)
 index on all-visible pages already in memory. (Up to migration 0009 that index carried the
@@ -134,8 +134,8 @@ $$;
 def load(now: datetime, days: int) -> None:
     from django.db import connection, transaction
 
-    from monitor import hist
     from monitor.models import ProbeResult, Provider, Region, Rollup, Route, Task
+    from monitor.stats import hist
 
     print("loading: configuration", flush=True)
     with transaction.atomic():
@@ -226,10 +226,10 @@ def load(now: datetime, days: int) -> None:
 
 
 def check_buckets() -> None:
-    """The SQL bucketing used to build the year's rollups matches monitor.hist exactly."""
+    """The SQL bucketing used to build the year's rollups matches monitor.stats.hist exactly."""
     from django.db import connection
 
-    from monitor import hist
+    from monitor.stats import hist
 
     values = [0.5, 1.0, 1.01, 37.3, 999.9, 1620.0, 75100.0, 3e6]
     with connection.cursor() as cursor:
@@ -242,13 +242,14 @@ def check_buckets() -> None:
 
 
 def measure(now: datetime, repeat: int) -> list[tuple[str, float, float, float]]:
-    """The page functions themselves (monitor.pages_route.series, monitor.overview.current)
+    """The page functions themselves (monitor.pages.route.series, monitor.pages.overview.current)
     against naive percentile_cont over raw rows."""
     from django.db import connection
 
-    from monitor import overview, pages_route
     from monitor.models import GRAIN_DAY, GRAIN_HOUR, Route, Task
-    from monitor.pages import Range
+    from monitor.pages import overview
+    from monitor.pages import route as pages_route
+    from monitor.pages.common import Range
 
     route = Route.objects.order_by("pk")[7]
     task = Task.objects.get(routes=route)
@@ -318,8 +319,8 @@ def measure(now: datetime, repeat: int) -> list[tuple[str, float, float, float]]
 def measure_ingest(now: datetime, count: int, batch: int) -> tuple[float, float]:
     from django.db import connection, transaction
 
-    from monitor import ingest
     from monitor.models import ProbeResult, Region, Route, Task
+    from monitor.pipeline import ingest
 
     task = Task.objects.get(slug="t0")
     routes = list(task.routes.order_by("pk"))
@@ -438,7 +439,7 @@ def main() -> None:
     real, plain = measure_ingest(now, ns.ingest, 500)
     flag = "ok" if real >= 5000 else "MISSES TARGET"
     print(
-        f"\ningest through monitor.ingest: {real:,.0f} results/s "
+        f"\ningest through monitor.pipeline.ingest: {real:,.0f} results/s "
         f"(bulk_create baseline {plain:,.0f}/s, ratio {real / plain:.2f})  {flag}"
     )
 

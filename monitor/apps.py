@@ -10,8 +10,8 @@ class MonitorConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from monitor import overview
         from monitor.models import EvalCase, Provider, Region, Route, Task
+        from monitor.pages import overview
 
         # A configuration change shows on the overview at once, not at its next rebuild.
         for model in (Provider, Route, Region, Task, EvalCase):

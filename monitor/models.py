@@ -454,7 +454,7 @@ class Heartbeat(models.Model):
 
 
 class OverviewSnapshot(models.Model):
-    """A computed page kept ready to read (monitor.overview): the same for every reader."""
+    """A computed page kept ready to read (monitor.pages.overview): the same for every reader."""
 
     key = models.CharField(max_length=50, primary_key=True)
     built_at = models.DateTimeField()
@@ -506,7 +506,7 @@ GRAIN_DAY = "day"
 GRAINS = [(GRAIN_HOUR, "hour"), (GRAIN_DAY, "day")]
 
 # The percentiles each rollup row carries ready-made (a chart point each); the SQL function
-# rw_pairs_pcts (migration 0005) mirrors monitor.hist.percentiles for these quantiles.
+# rw_pairs_pcts (migration 0005) mirrors monitor.stats.hist.percentiles for these quantiles.
 ROW_QUANTILES = (50, 95, 99)
 
 
@@ -528,7 +528,7 @@ class Rollup(models.Model):
     """Aggregates of probe results per (task, route, region) and hour or day.
 
     region NULL holds all regions merged, built at ingest time (merging at read time was slow).
-    Every percentile a page shows comes from these histograms (monitor.hist)."""
+    Every percentile a page shows comes from these histograms (monitor.stats.hist)."""
 
     grain = models.CharField(max_length=4, choices=GRAINS)
     bucket_start = models.DateTimeField()
@@ -547,11 +547,11 @@ class Rollup(models.Model):
     output_tokens = models.BigIntegerField(default=0)
     cached_tokens = models.BigIntegerField(default=0)
     cost_usd = models.DecimalField(max_digits=14, decimal_places=6, default=Decimal("0"))
-    # Histograms: flat [bucket, count, bucket, count, ...] arrays (monitor.hist).
+    # Histograms: flat [bucket, count, bucket, count, ...] arrays (monitor.stats.hist).
     ttft_hist = ArrayField(models.IntegerField(), default=list)
     e2e_hist = ArrayField(models.IntegerField(), default=list)
     tps_hist = ArrayField(models.IntegerField(), default=list)
-    # [p50, p95, p99] of each histogram, None where too few samples (monitor.hist.MIN_SAMPLES).
+    # [p50, p95, p99] of each histogram, None where too few samples (monitor.stats.hist.MIN_SAMPLES).
     ttft_pcts = _row_percentiles("ttft_hist", 1.0)
     e2e_pcts = _row_percentiles("e2e_hist", 1.0)
     tps_pcts = _row_percentiles("tps_hist", 0.1)
@@ -589,7 +589,7 @@ class HourStrip(models.Model):
     percentiles (Rollup.*_pcts) into its hour of the day's strip, whoever writes the row, so a
     month of hourly points is 31 rows to read, not 720. `points` is JSON text, kept as text so
     a page joins the strips into its chart data without parsing a number
-    (monitor.pages_route.series): 24 entries, null for an hour with no rollup, else
+    (monitor.pages.route.series): 24 entries, null for an hour with no rollup, else
     [ttft p50, p95, p99, e2e p50, p95, p99, tps p50, p95, p99], null where too few samples.
     region NULL holds all regions merged, as in Rollup."""
 
@@ -696,7 +696,7 @@ class Subscription(models.Model):
     )
     is_active = models.BooleanField(default=True)
     # When the next digest (or a retry of a failed one) is due; null while inactive. A sender
-    # claims a digest by moving this forward (optimistic lock, monitor.digest.send_due).
+    # claims a digest by moving this forward (optimistic lock, monitor.digest.report.send_due).
     next_send_at = models.DateTimeField(null=True, blank=True)
     last_sent_at = models.DateTimeField(null=True, blank=True)
     # Attempts at the current digest; reset once it is sent or given up.

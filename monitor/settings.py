@@ -1,8 +1,8 @@
 """Routewatch settings: everything comes from environment variables (see .env.example).
 
 A malformed value stops start-up with a message naming the variable. PostgreSQL only.
-When DATABASE_URL / REDIS_URL are unset, the values of a running embedded stack
-(`monitor.embedded`, started by `make run`, `make test` or `manage.py`) are used.
+The local stack (`devstack/`, behind `make run`, `make test` and `manage.py`) fills in
+DATABASE_URL / REDIS_URL for the processes it starts; these settings never import it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from monitor import embedded
 from monitor.crypto import fernet_key_is_valid
 from monitor.env import ConfigError, envbool, envint, envlist, envsecret, envstr
 
@@ -31,14 +30,11 @@ try:
     DEBUG = envbool("DEBUG", False)
     # A region worker reaches only the broker: no database settings needed or used.
     WORKER_ONLY = envbool("RW_WORKER_ONLY", False)
-    _embedded_state = embedded.read_state(VAR_DIR)
-    _database_url = (
-        "" if WORKER_ONLY else envstr("DATABASE_URL") or _embedded_state.get("DATABASE_URL", "")
-    )
+    _database_url = "" if WORKER_ONLY else envstr("DATABASE_URL")
     # Region workers: "host:port=host:port,..." sends a provider's traffic through another
     # address (the demo's per-region delay proxies), like curl --connect-to.
     CONNECT_TO = envlist("RW_CONNECT_TO", [])
-    REDIS_URL = envstr("REDIS_URL") or _embedded_state.get("REDIS_URL", "")
+    REDIS_URL = envstr("REDIS_URL")
     SECRET_KEY = envsecret("SECRET_KEY")
     ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["localhost", "127.0.0.1"])
     CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
@@ -83,12 +79,14 @@ if not SECRET_KEY:
     raise _fail("SECRET_KEY is not set (make run and make test create one under ./var).")
 if not _database_url and not WORKER_ONLY:
     raise _fail(
-        "DATABASE_URL is not set and no embedded PostgreSQL is running. "
+        "DATABASE_URL is not set. "
         "Set DATABASE_URL=postgresql://user:pass@host:5432/name, or use `make run` / manage.py, "
         "which start the embedded one."
     )
 if not REDIS_URL:
-    raise _fail("REDIS_URL is not set and no embedded Redis is running (redis://host:6379/0).")
+    raise _fail(
+        "REDIS_URL is not set (redis://host:6379/0); `make run` and manage.py start an embedded one."
+    )
 if not REDIS_URL.startswith(("redis://", "rediss://")):
     raise _fail(f"REDIS_URL must start with redis:// or rediss://, got {REDIS_URL.split(':')[0]}:")
 if EMAIL_USE_TLS and EMAIL_USE_SSL:
@@ -237,7 +235,7 @@ CELERY_BEAT_SCHEDULE = {
     "retention": {"task": "monitor.tasks.delete_old_results", "schedule": 3600.0},
     # Digests go out at a chosen local hour; a few minutes late is fine, and cheap to ask.
     "digests": {"task": "monitor.tasks.send_digests", "schedule": 300.0},
-    # The overview snapshot is rebuilt twice per dashboard refresh (monitor.overview).
+    # The overview snapshot is rebuilt twice per dashboard refresh (monitor.pages.overview).
     "overview": {
         "task": "monitor.tasks.refresh_overview",
         "schedule": max(1.0, DASHBOARD_REFRESH_SECONDS / 2),

@@ -9,7 +9,6 @@ from django.conf import settings
 from django.db.models import F
 from django.utils import timezone
 
-from monitor.digest_tasks import *  # noqa: F403 (registers the digest's tasks)
 from monitor.models import Heartbeat
 
 
@@ -23,7 +22,7 @@ def beat(name: str) -> None:
 @shared_task(name="monitor.tasks.tick")
 def tick() -> dict[str, int]:
     """Beat's periodic tick: record missed slots, then claim and send the due ones."""
-    from monitor import ingest, races, scheduling
+    from monitor.pipeline import ingest, races, scheduling
 
     beat("tick")
     ingest.sweep_missed()
@@ -44,7 +43,7 @@ REGION_TASK_OPTIONS: dict[str, Any] = {
 @shared_task(name="monitor.tasks.run_probe_batch", **REGION_TASK_OPTIONS)
 def run_probe_batch(batch: dict[str, Any]) -> int:
     """On a region worker: run a batch of probes, send the results to ingest over the broker."""
-    from monitor import worker
+    from monitor.pipeline import worker
 
     results = worker.run_batch(batch)
     ingest_results.apply_async(args=(results,), queue="ingest")
@@ -53,7 +52,7 @@ def run_probe_batch(batch: dict[str, Any]) -> int:
 
 @shared_task(name="monitor.tasks.ingest_results", acks_late=True, reject_on_worker_lost=True)
 def ingest_results(results: list[dict[str, Any]]) -> int:
-    from monitor import ingest
+    from monitor.pipeline import ingest
 
     return ingest.ingest(results)
 
@@ -61,14 +60,14 @@ def ingest_results(results: list[dict[str, Any]]) -> int:
 @shared_task(name="monitor.tasks.refresh_overview")
 def refresh_overview() -> int:
     """Rebuild the overview snapshot, so readers get it ready-made."""
-    from monitor import overview
+    from monitor.pages import overview
 
     return len(overview.refresh().rows)
 
 
 @shared_task(name="monitor.tasks.delete_old_results")
 def delete_old_results() -> int:
-    from monitor import ingest
+    from monitor.pipeline import ingest
 
     return ingest.delete_old_results(settings.RAW_RETENTION_DAYS)
 
@@ -76,7 +75,7 @@ def delete_old_results() -> int:
 @shared_task(name="monitor.tasks.run_race", **REGION_TASK_OPTIONS)
 def run_race(message: dict[str, Any]) -> str | None:
     """On a region worker: run one race, send its result to ingest over the broker."""
-    from monitor import worker
+    from monitor.pipeline import worker
 
     result = worker.run_race(message)
     ingest_race.apply_async(args=(result,), queue="ingest")
@@ -85,6 +84,20 @@ def run_race(message: dict[str, Any]) -> str | None:
 
 @shared_task(name="monitor.tasks.ingest_race", acks_late=True, reject_on_worker_lost=True)
 def ingest_race(result: dict[str, Any]) -> bool:
-    from monitor import races
+    from monitor.pipeline import races
 
     return races.ingest(result)
+
+
+@shared_task(
+    name="monitor.tasks.send_digests",
+    # One run sends every due digest; each is claimed under a lease (monitor.digest.sending), so
+    # a run cut short by the limits leaves the rest for the next run, never a duplicate.
+    soft_time_limit=600,
+    time_limit=660,
+)
+def send_digests() -> dict[str, int]:
+    from monitor.digest import report as digest
+
+    summary = digest.send_due()
+    return {"sent": summary.sent, "skipped": summary.skipped, "failed": summary.failed}

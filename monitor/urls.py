@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from monitor import views
+from monitor.pages import views
 
 admin.site.site_header = "Routewatch administration"
 admin.site.site_title = "Routewatch admin"
@@ -22,5 +22,5 @@ urlpatterns = [
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
-    path("", include("monitor.digest_urls")),
+    path("", include("monitor.digest.urls")),
 ]

@@ -69,7 +69,7 @@ SERIES_METRICS = ("ttft_ms", "e2e_ms", "tps")
 
 
 def unfold_series(packed: dict[str, Any] | str) -> dict[str, Any]:
-    """A route chart's packed data (monitor.pages_route.series) as static/js/app.js unfolds
+    """A route chart's packed data (monitor.pages.route.series) as static/js/app.js unfolds
     it: {"labels": [...], "ttft_ms": {"p50": [...], ...}, ...}. Written here again on purpose,
     as the tests' own reading of the format."""
     data = json.loads(packed) if isinstance(packed, str) else packed

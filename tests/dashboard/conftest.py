@@ -2,7 +2,7 @@
 
 `probed_world` configures providers pointing at a simulator process, builds each probe's
 message with the scheduler's own `probe_message`, runs the batch through the region worker's
-`run_batch` (real HTTP to the simulator) and stores the payloads with `monitor.ingest.ingest`,
+`run_batch` (real HTTP to the simulator) and stores the payloads with `monitor.pipeline.ingest.ingest`,
 which writes the raw rows and the rollups the pages read. The measured payloads are kept for
 the session and re-keyed to each test's fresh rows, so only the first test pays for probing;
 their start times are spread over the last hours so charts have several points.
@@ -21,8 +21,8 @@ from django.contrib.auth.models import User
 from django.test import override_settings
 from django.utils import timezone
 
-from monitor import ingest, scheduling, worker
 from monitor.models import EvalCase, Provider, Region, Route, Task
+from monitor.pipeline import ingest, scheduling, worker
 from simulator.testing import CONFIGS, SimulatorProcess
 
 PROBES_PER_CELL = 24  # enough for p95 (20 samples), deliberately short of p99 (100)

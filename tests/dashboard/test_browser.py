@@ -20,7 +20,7 @@ from django.utils import timezone
 from playwright.sync_api import Browser, BrowserContext, Dialog, Page
 
 from monitor.models import ProbeResult, RaceRun
-from monitor.pages_whatif import Scenario, estimate
+from monitor.pages.whatif import Scenario, estimate
 from simulator.testing import SimulatorProcess, free_port
 from tests import support
 from tests.browser import artifact, chromium

@@ -16,8 +16,9 @@ from django.test import Client, override_settings
 from django.urls import reverse
 from django.utils import timezone
 
-from monitor import ingest, rollups
 from monitor.models import GRAIN_HOUR, ProbeResult, RaceRun
+from monitor.pipeline import ingest
+from monitor.stats import rollups
 from tests.dashboard.conftest import World
 from tests.monitor import factories as f
 from tests.support import unfold_series
@@ -338,7 +339,7 @@ def test_metrics_exposes_recent_percentiles_in_the_prometheus_text_format(
 
 
 def test_metrics_escapes_label_values() -> None:
-    from monitor.pages_metrics import escape_label
+    from monitor.pages.metrics import escape_label
 
     assert escape_label('a"b\\c\nd') == 'a\\"b\\\\c\\nd'
 

@@ -8,7 +8,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
-from monitor.pages_whatif import Scenario, Speed, compare, estimate, parse
+from monitor.pages.whatif import Scenario, Speed, compare, estimate, parse
 from monitor.templatetags.rw import ms
 from monitor.templatetags.rw_pages import times
 from tests.dashboard.conftest import World

@@ -1,6 +1,6 @@
 """Digest tests: three users, a real SMTP server on loopback, and a fortnight of seeded results.
 
-The seeded fortnight (ingested through monitor.ingest, so the rollups are real), for the task
+The seeded fortnight (ingested through monitor.pipeline.ingest, so the rollups are real), for the task
 "Summarise" (fastest by e2e p50; budgets TTFT p95 600 ms, e2e p95 3000 ms), with routes
 Acme / fast-model and Acme / slow-model ($1 / M input, $2 / M output; each probe 1000 in,
 200 out = $0.0014):
@@ -34,8 +34,8 @@ import pytest
 from aiosmtpd.controller import Controller
 from django.contrib.auth.models import User
 
-from monitor import ingest
 from monitor.models import MONDAY, Region, Route, Subscription, Task
+from monitor.pipeline import ingest
 from tests.monitor import factories as f
 
 # Monday 16 November 2026, 08:30 UTC: half an hour after a Monday 08:00 UTC digest fell due.

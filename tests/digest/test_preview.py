@@ -11,7 +11,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
-from monitor import digest
+from monitor.digest import report as digest
 from monitor.models import Task
 from tests.browser import artifact, chromium
 from tests.digest.conftest import NOW, WEEK_END, Inbox, Scenario, html_of, subscribe

@@ -7,8 +7,9 @@ from datetime import timedelta
 from django.contrib.auth.models import User
 from django.test import Client
 
-from monitor import digest, ingest
+from monitor.digest import report as digest
 from monitor.models import Task
+from monitor.pipeline import ingest
 from tests.digest.conftest import WEEK_END, Scenario
 from tests.monitor import factories as f
 

@@ -16,8 +16,8 @@ from django.db import connection
 from django.test import Client
 from django.urls import reverse
 
-from monitor import digest
 from monitor.celery import app
+from monitor.digest import report as digest
 from monitor.models import Subscription, Task
 from tests.digest.conftest import (
     NEXT_WEEK,

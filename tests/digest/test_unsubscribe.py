@@ -10,7 +10,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
-from monitor import digest
+from monitor.digest import report as digest
 from monitor.models import Subscription
 from tests.digest.conftest import NOW, subscribe
 

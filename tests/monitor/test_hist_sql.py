@@ -1,4 +1,4 @@
-"""The percentiles PostgreSQL generates on each rollup row equal monitor.hist's, bucket for
+"""The percentiles PostgreSQL generates on each rollup row equal monitor.stats.hist's, bucket for
 bucket: a chart point read ready-made must be the figure the histogram gives."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from django.db import connection
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from monitor import hist, ingest
 from monitor.models import GRAIN_HOUR, ROW_QUANTILES, Rollup
+from monitor.pipeline import ingest
+from monitor.stats import hist
 from tests.monitor import factories as f
 from tests.support import unfold_series
 
@@ -96,8 +97,8 @@ def test_rollup_rows_keep_their_percentiles_through_every_upsert() -> None:
 
 @pytest.mark.django_db
 def test_a_route_chart_has_one_point_per_hour_with_its_rollup_percentiles_or_a_gap() -> None:
-    from monitor import pages_route
-    from monitor.pages import RANGES
+    from monitor.pages import route as pages_route
+    from monitor.pages.common import RANGES
 
     p = f.provider()
     route = f.route(p, "m1")

@@ -12,9 +12,11 @@ from typing import NamedTuple
 import pytest
 from django.db import connection
 
-from monitor import ingest, pages_route, rollups
 from monitor.models import GRAIN_DAY, GRAIN_HOUR, HourStrip, Region, Rollup, Route, Task
-from monitor.pages import RANGES
+from monitor.pages import route as pages_route
+from monitor.pages.common import RANGES
+from monitor.pipeline import ingest
+from monitor.stats import rollups
 from tests.monitor import factories as f
 from tests.support import SERIES_METRICS, unfold_series
 

@@ -5,8 +5,9 @@ from decimal import Decimal
 
 import pytest
 
-from monitor import hist, ingest, rollups
 from monitor.models import GRAIN_DAY, GRAIN_HOUR, ProbeResult, ProbeSlot, RaceRun, Rollup
+from monitor.pipeline import ingest
+from monitor.stats import hist, rollups
 from tests.monitor import factories as f
 
 T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from monitor.netem import DelayProxy
+from devstack.netem import DelayProxy
 
 
 async def _echo_server() -> tuple[asyncio.Server, int]:

@@ -54,7 +54,7 @@ def test_the_overview_shows_the_fastest_qualifying_route_per_region(
 
     from django.utils import timezone
 
-    from monitor import ingest
+    from monitor.pipeline import ingest
     from tests.monitor import factories as f
 
     p = f.provider()

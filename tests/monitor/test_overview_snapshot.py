@@ -12,8 +12,9 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from monitor import ingest, overview
 from monitor.models import OverviewSnapshot
+from monitor.pages import overview
+from monitor.pipeline import ingest
 from monitor.tasks import refresh_overview
 from tests.monitor import factories as f
 

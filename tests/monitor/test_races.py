@@ -9,8 +9,8 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from monitor import races, scheduling, worker
 from monitor.models import EvalCase, RaceRun
+from monitor.pipeline import races, scheduling, worker
 from simulator.testing import SimulatorProcess
 from tests.monitor import factories as f
 from tests.sim_fixtures import OPENAI_KEY, sim  # noqa: F401 (fixture)
@@ -21,7 +21,7 @@ NOW = datetime(2026, 11, 2, 10, 0, 30, tzinfo=UTC)
 @pytest.fixture
 def world(db: None, settings):
     # A grace as long as the race interval: a new schedule's current race is never too late
-    # to start (monitor.scheduling.starts_later), whatever its phase.
+    # to start (monitor.pipeline.scheduling.starts_later), whatever its phase.
     settings.SLOT_GRACE_SECONDS = 300
     p = f.provider()
     routes = [f.route(p, f"m{i}") for i in range(3)]

@@ -5,8 +5,8 @@ from decimal import Decimal
 
 import pytest
 
-from monitor import ingest, scheduling
 from monitor.models import ProbeSlot
+from monitor.pipeline import ingest, scheduling
 from tests.monitor import factories as f
 
 NOW = datetime(2026, 11, 2, 10, 0, 30, tzinfo=UTC)

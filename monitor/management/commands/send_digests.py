@@ -5,7 +5,7 @@ from typing import Any
 from django.core.management.base import BaseCommand
 from django.utils import timezone
 
-from monitor import digest
+from monitor.digest import report as digest
 
 
 class Command(BaseCommand):

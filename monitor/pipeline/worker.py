@@ -83,7 +83,7 @@ def prepare(message: Mapping[str, Any], mapping: Mapping[str, str]) -> Prepared:
 
 def run_batch(batch: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Run one region batch; returns one JSON-ready result payload per probe."""
-    from monitor import probing
+    from monitor.pipeline import probing
 
     mapping = connect_to_map(settings.CONNECT_TO)
     prepared = []
@@ -102,8 +102,8 @@ def run_batch(batch: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def run_race(message: Mapping[str, Any]) -> dict[str, Any]:
-    """Run one race; returns its JSON-ready result (monitor.races.ingest)."""
-    from monitor import probing
+    """Run one race; returns its JSON-ready result (monitor.pipeline.races.ingest)."""
+    from monitor.pipeline import probing
 
     mapping = connect_to_map(settings.CONNECT_TO)
     lanes: dict[str, Prepared] = {}

@@ -2,13 +2,13 @@
 
 Content (`build_report`): for a week that ends at the subscriber's chosen local time (rounded
 down to the hour, so it is exactly 168 hourly rollup buckets) and the week before it, per task:
-- per region, the fastest qualifying route of each week (monitor.selection over the week's
+- per region, the fastest qualifying route of each week (monitor.stats.selection over the week's
   rollups, quality from all regions) and, when it changed, why: a faster route appeared, last
   week's winner dropped below the quality bar, or it failed too often to be measured;
 - p50/p95 TTFT and e2e of the fastest route, week over week, with a direction;
 - regressions: any (route, region) whose p50/p95 TTFT or e2e worsened by more than
   DIGEST_REGRESSION_PCT percent against the same route and region last week;
-- latency-budget compliance of the fastest route (monitor.overview.budget_status);
+- latency-budget compliance of the fastest route (monitor.pages.overview.budget_status);
 - error rate and probe spend of the whole task (all routes, all regions).
 Every figure comes from the rollups.
 
@@ -50,9 +50,10 @@ from django.template.loader import render_to_string
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
-from monitor import overview, rollups, selection
 from monitor.models import GRAIN_HOUR, Region, Route, Subscription, Task
-from monitor.rollups import Stats
+from monitor.pages import overview
+from monitor.stats import rollups, selection
+from monitor.stats.rollups import Stats
 from monitor.templatetags.rw import ms as format_ms
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ WEEK = timedelta(days=7)
 LEASE = timedelta(minutes=15)
 RETRY_DELAYS = (timedelta(minutes=5), timedelta(minutes=30), timedelta(hours=2))
 MAX_ATTEMPTS = len(RETRY_DELAYS) + 1
-# Percentiles read back from the log-bucket histograms are within about 2.5% (monitor.hist):
+# Percentiles read back from the log-bucket histograms are within about 2.5% (monitor.stats.hist):
 # a smaller change is noise, reported as steady.
 STEADY_PCT = 3.0
 UNSUBSCRIBE_SALT = "routewatch.digest.unsubscribe"

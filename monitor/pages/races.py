@@ -14,7 +14,7 @@ from decimal import Decimal
 from django.db import connection
 
 from monitor.models import SLOT_DISPATCHED, RaceRun, Region, Route, Task
-from monitor.pages import Range
+from monitor.pages.common import Range
 
 RECENT = 20
 

@@ -17,7 +17,6 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from monitor import rollups
 from monitor.models import (
     OUTCOME_MISSED,
     SLOT_DISPATCHED,
@@ -28,7 +27,8 @@ from monitor.models import (
     RaceRun,
     Route,
 )
-from monitor.rollups import ResultRow
+from monitor.stats import rollups
+from monitor.stats.rollups import ResultRow
 
 log = logging.getLogger(__name__)
 

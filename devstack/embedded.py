@@ -38,7 +38,7 @@ DATABASE_NAME = "routewatch"
 # gunicorn, beat, ingest and three region workers plus tests, and a little more memory for
 # the rollup queries.
 _PG_CONF = """
-# --- added by monitor.embedded ---
+# --- added by devstack.embedded ---
 max_connections = 200
 shared_buffers = 256MB
 work_mem = 16MB
@@ -99,7 +99,7 @@ def start_postgres(var_dir: Path) -> str:
     server = _pg_server(pgdata)
     server.ensure_pgdata_inited()
     conf = pgdata / "postgresql.conf"
-    if "added by monitor.embedded" not in conf.read_text():
+    if "added by devstack.embedded" not in conf.read_text():
         with conf.open("a") as fh:
             fh.write(_PG_CONF)
     server.start()
@@ -307,7 +307,7 @@ def wipe(var_dir: Path) -> None:
     shutil.rmtree(var_dir, ignore_errors=True)
 
 
-if __name__ == "__main__":  # python -m monitor.embedded start|stop
+if __name__ == "__main__":  # python -m devstack.embedded start|stop
     command = sys.argv[1] if len(sys.argv) > 1 else "start"
     if command == "start":
         for key, value in ensure().items():
@@ -316,4 +316,4 @@ if __name__ == "__main__":  # python -m monitor.embedded start|stop
     elif command == "stop":
         stop()
     else:
-        sys.exit("usage: python -m monitor.embedded start|stop")
+        sys.exit("usage: python -m devstack.embedded start|stop")

@@ -1,5 +1,5 @@
 """Dashboard views: thin and typed. Each parses its request, calls a builder from
-monitor.overview / monitor.pages_* and renders one template (or, for htmx, one partial)."""
+monitor.pages.overview / monitor.pages_* and renders one template (or, for htmx, one partial)."""
 
 from __future__ import annotations
 
@@ -14,17 +14,6 @@ from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from monitor import overview as overview_data
-from monitor import (
-    pages_log,
-    pages_metrics,
-    pages_races,
-    pages_regions,
-    pages_route,
-    pages_task,
-    pages_whatif,
-)
-from monitor.http import HtmxHttpRequest
 from monitor.models import (
     ERROR_KINDS,
     GRAIN_DAY,
@@ -36,7 +25,16 @@ from monitor.models import (
     Route,
     Task,
 )
-from monitor.pages import RANGES, may_read, parse_range, readonly_page
+from monitor.pages import log as pages_log
+from monitor.pages import metrics as pages_metrics
+from monitor.pages import overview as overview_data
+from monitor.pages import races as pages_races
+from monitor.pages import regions as pages_regions
+from monitor.pages import route as pages_route
+from monitor.pages import task as pages_task
+from monitor.pages import whatif as pages_whatif
+from monitor.pages.common import RANGES, may_read, parse_range, readonly_page
+from monitor.pages.http import HtmxHttpRequest
 
 
 def _partial(request: HtmxHttpRequest, template: str, partials: set[str]) -> str:

@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from monitor import rollups, selection
 from monitor.models import Region, Route, Task
-from monitor.overview import STATUS_UNKNOWN, budget_status, stale_after
-from monitor.pages import Range
-from monitor.rollups import Stats
+from monitor.pages.common import Range
+from monitor.pages.overview import STATUS_UNKNOWN, budget_status, stale_after
+from monitor.stats import rollups, selection
+from monitor.stats.rollups import Stats
 
 # metric key -> (label, unit, which budget colours it)
 METRICS: dict[str, tuple[str, str, str]] = {

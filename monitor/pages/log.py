@@ -20,7 +20,7 @@ from django.db.models import Q, QuerySet
 from django.utils.dateparse import parse_datetime
 
 from monitor.models import ERROR_KINDS, OUTCOMES, ProbeResult, Region, Route, Task
-from monitor.pages import parse_int
+from monitor.pages.common import parse_int
 
 PAGE_SIZE = 50
 LOG_RANGES = {

@@ -251,7 +251,7 @@ def tick(now: datetime | None = None) -> dict[str, int]:
             expires=expires,
         )
         sent[region.slug] = len(slots)
-    from monitor import races
+    from monitor.pipeline import races
 
     sent["races"] = races.dispatch(now, month_spend_by_task(now), cases)
     return sent

@@ -1,8 +1,8 @@
 """The local stack behind `make run` and `make test`.
 
-    python -m monitor.devstack run [--port 8000]   the whole product with demo data
-    python -m monitor.devstack test [-- ARGS]      the test suite (pytest ARGS)
-    python -m monitor.devstack exec -- CMD ...     a command with the stack's environment
+    python -m devstack run [--port 8000]   the whole product with demo data
+    python -m devstack test [-- ARGS]      the test suite (pytest ARGS)
+    python -m devstack exec -- CMD ...     a command with the stack's environment
 
 When DATABASE_URL / REDIS_URL are unset, embedded PostgreSQL and Redis are started with their
 data under ./var (./var/test for the tests, so a test run never touches the demo's data).
@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from monitor import embedded
+from devstack import embedded
 
 ROOT = embedded.ROOT
 PY = sys.executable
@@ -107,7 +107,7 @@ def _stop_children(children: Sequence[Child]) -> None:
 
 
 # Demo regions: each region's worker reaches the simulated providers through a delay proxy
-# that adds the region's round trip (monitor.netem).
+# that adds the region's round trip (devstack.netem).
 DEMO_REGIONS = [("us-east", 20), ("eu-west", 90), ("ap-south", 220)]
 SIMULATOR_PORT = 8100
 
@@ -122,7 +122,7 @@ def region_workers(env: dict[str, str], simulator_port: int) -> list[Child]:
                 [
                     PY,
                     "-m",
-                    "monitor.netem",
+                    "devstack.netem",
                     "--listen",
                     f"127.0.0.1:{proxy_port}",
                     "--target",
@@ -314,7 +314,7 @@ def exec_(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m monitor.devstack")
+    parser = argparse.ArgumentParser(prog="python -m devstack")
     sub = parser.add_subparsers(dest="command", required=True)
     run_parser = sub.add_parser("run", help="run the whole product with demo data")
     run_parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))

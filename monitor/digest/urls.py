@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import URLPattern, path
 
-from monitor import digest_views
+from monitor.digest import views as digest_views
 
 urlpatterns: list[URLPattern] = [
     path("digest/", digest_views.settings_page, name="rw-digest-settings"),

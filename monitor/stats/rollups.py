@@ -21,7 +21,6 @@ from django.contrib.postgres.fields import ArrayField
 from django.db import connection
 from django.db.models import Aggregate, IntegerField, Max, Q, QuerySet, Sum
 
-from monitor import hist
 from monitor.models import (
     GRAIN_DAY,
     GRAIN_HOUR,
@@ -29,12 +28,13 @@ from monitor.models import (
     OUTCOME_OK,
     Rollup,
 )
+from monitor.stats import hist
 
 Key = tuple[str, datetime, int, int, int | None]
 
 
 class ResultRow(NamedTuple):
-    """The columns of an inserted probe result that rollups fold in (monitor.ingest)."""
+    """The columns of an inserted probe result that rollups fold in (monitor.pipeline.ingest)."""
 
     task_id: int | None
     route_id: int
@@ -206,7 +206,7 @@ class Stats:
     output_tokens: int = 0
     cached_tokens: int = 0
     cost_usd: Decimal = Decimal("0")
-    # {bucket: count}, merged from the rows' pairs arrays (monitor.hist)
+    # {bucket: count}, merged from the rows' pairs arrays (monitor.stats.hist)
     ttft_counts: dict[int, int] = field(default_factory=dict)
     e2e_counts: dict[int, int] = field(default_factory=dict)
     tps_counts: dict[int, int] = field(default_factory=dict)

@@ -9,7 +9,7 @@ Rules, in order:
   and a pass rate at or above the bar. If it sets `min_quality_index`, the route's external
   index must be at or above it. A task with neither bar lets every route qualify.
 - Enough samples: the route needs enough successful probes in this region for the metric's
-  percentile (monitor.hist.MIN_SAMPLES); otherwise it is "too few samples", not ranked.
+  percentile (monitor.stats.hist.MIN_SAMPLES); otherwise it is "too few samples", not ranked.
 - Lowest metric wins. Ties (equal to the millisecond) go to the lower p95 e2e, then the lower
   price for the task's token counts, then the lower route id, so the answer is deterministic.
 - No route qualifies: `winner` is None and every candidate carries the reason it was left out.
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from monitor.models import Route, Task
-from monitor.rollups import Stats
+from monitor.stats.rollups import Stats
 
 MIN_GRADED = 10
 

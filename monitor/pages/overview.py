@@ -1,6 +1,6 @@
 """What the overview shows: per task and region, the fastest qualifying route and its figures.
 
-Everything comes from the rollups (monitor.rollups): one query for the window's rows of all
+Everything comes from the rollups (monitor.stats.rollups): one query for the window's rows of all
 tasks, merged in memory per (task, route, region) and per (task, route) for quality. The
 result is plain data (no model instances), so it can be kept as a snapshot and read back in
 one small query (see SNAPSHOT_KEY).
@@ -15,8 +15,8 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from monitor import rollups, selection
 from monitor.models import GRAIN_HOUR, OverviewSnapshot, Task
+from monitor.stats import rollups, selection
 
 WINDOW = timedelta(hours=24)
 

@@ -17,7 +17,7 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_http_methods
 
-from monitor import digest
+from monitor.digest import report as digest
 from monitor.models import Subscription, Task
 
 

@@ -1,7 +1,7 @@
 """The task page: every candidate route on quality vs speed, ranked, with the what-if.
 
 One rollup query (the task's rows over the window, in one region or all regions merged)
-gives both latency and quality; routes are chosen by monitor.selection, as on the overview.
+gives both latency and quality; routes are chosen by monitor.stats.selection, as on the overview.
 """
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypedDict
 
-from monitor import pages_whatif, rollups, selection
 from monitor.models import Region, Route, Task
-from monitor.overview import budget_status, stale_after
-from monitor.pages import Range
-from monitor.rollups import Stats
+from monitor.pages import whatif as pages_whatif
+from monitor.pages.common import Range
+from monitor.pages.overview import budget_status, stale_after
+from monitor.stats import rollups, selection
+from monitor.stats.rollups import Stats
 
 Y_PASSING = "pass rate (%)"
 Y_QUALITY_INDEX = "quality index"

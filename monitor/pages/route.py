@@ -19,7 +19,6 @@ from django.db import connection
 from django.db.models import F, FloatField, Func, Q
 from django.utils.safestring import SafeString, mark_safe
 
-from monitor import hist, rollups
 from monitor.models import (
     GRAIN_DAY,
     GRAIN_HOUR,
@@ -30,9 +29,10 @@ from monitor.models import (
     Route,
     Task,
 )
-from monitor.overview import stale_after
-from monitor.pages import Range
-from monitor.rollups import Stats
+from monitor.pages.common import Range
+from monitor.pages.overview import stale_after
+from monitor.stats import hist, rollups
+from monitor.stats.rollups import Stats
 
 QUANTILES = ROW_QUANTILES
 RAW_WINDOW = timedelta(hours=24)

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 
-from monitor import rollups
 from monitor.models import GRAIN_HOUR, Region, Route, Task
+from monitor.stats import rollups
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 WINDOW = timedelta(hours=1)

@@ -1,6 +1,6 @@
 """A user-space network delay proxy: how demo regions differ on one machine.
 
-    python -m monitor.netem --listen 127.0.0.1:9101 --target 127.0.0.1:8100 --rtt-ms 80
+    python -m devstack.netem --listen 127.0.0.1:9101 --target 127.0.0.1:8100 --rtt-ms 80
 
 Every byte from the client reaches the target half a round trip later, and every byte back
 reaches the client half a round trip later, in order (Linux tc netem is not available here).
@@ -19,7 +19,7 @@ import contextlib
 import logging
 import signal
 
-log = logging.getLogger("monitor.netem")
+log = logging.getLogger("devstack.netem")
 READ_SIZE = 65536
 
 
@@ -107,7 +107,7 @@ async def _main(ns: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m monitor.netem", description=__doc__.split("\n")[0]
+        prog="python -m devstack.netem", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--listen", type=_addr, required=True, help="HOST:PORT to listen on")
     parser.add_argument("--target", type=_addr, required=True, help="HOST:PORT to forward to")

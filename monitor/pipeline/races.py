@@ -1,7 +1,7 @@
 """Races on a schedule: a task's request fired at all its routes at once from each region.
 
 A task with `race_interval_s` races its candidate routes once per interval per region, at a
-phase of its own. The lifecycle follows probe slots (monitor.scheduling, monitor.ingest):
+phase of its own. The lifecycle follows probe slots (monitor.pipeline.scheduling, monitor.pipeline.ingest):
 - dispatch: the RaceRun row is created by INSERT ... ON CONFLICT DO NOTHING on (task, region,
   slot_at); only the beat that created it sends the race to the region's queue, so two beats
   still race once;
@@ -25,7 +25,6 @@ from django.db import connection, transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from monitor import rollups
 from monitor.models import (
     GRAIN_HOUR,
     SLOT_DISPATCHED,
@@ -37,7 +36,7 @@ from monitor.models import (
     Route,
     Task,
 )
-from monitor.scheduling import (
+from monitor.pipeline.scheduling import (
     Slot,
     grace,
     phase_s,
@@ -46,6 +45,7 @@ from monitor.scheduling import (
     slot_times,
     starts_later,
 )
+from monitor.stats import rollups
 
 log = logging.getLogger(__name__)
 

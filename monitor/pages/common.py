@@ -16,9 +16,9 @@ from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
 from django.http import HttpResponseBase
 
-from monitor import rollups
-from monitor.http import HtmxHttpRequest
 from monitor.models import GRAIN_DAY, GRAIN_HOUR
+from monitor.pages.http import HtmxHttpRequest
+from monitor.stats import rollups
 
 P = ParamSpec("P")
 View = Callable[Concatenate[HtmxHttpRequest, P], HttpResponseBase]

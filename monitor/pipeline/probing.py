@@ -1,7 +1,7 @@
 """Between the scheduler's messages and the probe engine: specs in, result payloads out.
 
 Runs on region workers (no database). Grading happens here, after the probe, outside its
-timed path. Payload keys are ProbeResult model field names (see monitor.ingest).
+timed path. Payload keys are ProbeResult model field names (see monitor.pipeline.ingest).
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ async def run_race(
     """Race the lanes (route id -> (message, connect_to, api_key)); the first complete answer
     that passes the eval case (when there is one) wins."""
     specs = {name: spec_for(message, target, key) for name, (message, target, key) in lanes.items()}
-    # Every lane carries the same request, so the same eval case (monitor.races).
+    # Every lane carries the same request, so the same eval case (monitor.pipeline.races).
     case = next((message.get("eval") for message, _, _ in lanes.values()), None)
 
     def valid(result: EngineResult) -> bool:
