@@ -49,7 +49,7 @@ class ProviderForm(forms.ModelForm):  # type: ignore[type-arg]
             "clear_api_key",
             "extra_headers",
             "http2",
-            "body_encoding",
+            "accepts_msgpack",
             "is_simulated",
             "is_active",
         ]
@@ -69,7 +69,7 @@ class ProviderForm(forms.ModelForm):  # type: ignore[type-arg]
 class ProviderAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     form = ProviderForm
     list_display = ["name", "slug", "wire_format", "base_url", "key_set", "http2", "is_active"]
-    list_filter = ["wire_format", "http2", "body_encoding", "is_simulated", "is_active"]
+    list_filter = ["wire_format", "http2", "accepts_msgpack", "is_simulated", "is_active"]
     search_fields = ["name", "slug", "base_url"]
     prepopulated_fields = {"slug": ["name"]}
 

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import json
 import socket
 from decimal import Decimal
 from urllib.parse import urlsplit
@@ -19,7 +20,58 @@ from probes.model import ERROR_KINDS as PROBE_ERROR_KINDS
 
 WIRE_OPENAI = "openai"
 WIRE_ANTHROPIC = "anthropic"
-WIRE_FORMATS = [(WIRE_OPENAI, "OpenAI Chat Completions"), (WIRE_ANTHROPIC, "Anthropic Messages")]
+WIRE_AZURE = "azure"
+WIRE_FORMATS = [
+    (WIRE_OPENAI, "OpenAI Chat Completions"),
+    (WIRE_ANTHROPIC, "Anthropic Messages"),
+    (WIRE_AZURE, "Azure OpenAI (deployment URL, api-key header)"),
+]
+# Formats that speak OpenAI's Chat Completions body (reasoning_effort, max_completion_tokens).
+OPENAI_BODIES = (WIRE_OPENAI, WIRE_AZURE)
+
+# Route request settings, as the real APIs name them.
+# Parameter names, not secrets (S105 reads "token" as a password).
+TOKEN_LIMIT_MAX_TOKENS = "max_tokens"  # noqa: S105
+TOKEN_LIMIT_MAX_COMPLETION_TOKENS = "max_completion_tokens"  # noqa: S105
+TOKEN_LIMIT_PARAMS = [
+    (TOKEN_LIMIT_MAX_TOKENS, "max_tokens (chat models, Anthropic, most compatible servers)"),
+    (
+        TOKEN_LIMIT_MAX_COMPLETION_TOKENS,
+        "max_completion_tokens (OpenAI reasoning models: o-series, GPT-5)",
+    ),
+]
+REASONING_EFFORTS = [
+    ("", "not sent"),
+    ("minimal", "minimal"),
+    ("low", "low"),
+    ("medium", "medium"),
+    ("high", "high"),
+]
+SERVICE_TIERS = [
+    ("", "not sent"),
+    ("auto", "auto"),
+    ("default", "default"),
+    ("flex", "flex (cheaper, slower)"),
+    ("priority", "priority (faster, dearer)"),
+]
+# Body keys a route's extra fields may not set: the probe owns them.
+RESERVED_BODY_KEYS = frozenset(
+    {
+        "model",
+        "messages",
+        "system",
+        "stream",
+        "stream_options",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "reasoning_effort",
+        "service_tier",
+        "thinking",
+    }
+)
+# Anthropic's smallest extended-thinking budget.
+MIN_THINKING_BUDGET = 1024
 
 BODY_JSON = "json"
 BODY_MSGPACK_GZIP = "msgpack-gzip"
@@ -131,8 +183,16 @@ class Provider(models.Model):
         blank=True,
         help_text='Extra request headers, e.g. {"OpenAI-Organization": "org-1"}',
     )
-    http2 = models.BooleanField("HTTP/2", default=False)
-    body_encoding = models.CharField(max_length=20, choices=BODY_ENCODINGS, default=BODY_JSON)
+    # Capabilities: a task's HTTP/2 or msgpack probes go only to providers that take them
+    # (elsewhere they would fail for a reason that is ours, not the provider's).
+    http2 = models.BooleanField(
+        "supports HTTP/2", default=False, help_text="The provider negotiates HTTP/2."
+    )
+    accepts_msgpack = models.BooleanField(
+        "accepts msgpack + gzip bodies",
+        default=False,
+        help_text="The provider takes application/vnd.msgpack request bodies (few do).",
+    )
     is_simulated = models.BooleanField(
         default=False, help_text="A simulated provider (demo and tests), labelled as such."
     )
@@ -155,6 +215,12 @@ class Provider(models.Model):
     @property
     def has_api_key(self) -> bool:
         return bool(self.api_key_encrypted)
+
+    def supports(self, *, http2: bool = False, body_encoding: str = BODY_JSON) -> bool:
+        """Can this provider take a probe with these options?"""
+        return (self.http2 or not http2) and (
+            self.accepts_msgpack or body_encoding != BODY_MSGPACK_GZIP
+        )
 
     def set_api_key(self, plaintext: str) -> None:
         self.api_key_encrypted = encrypt_secret(plaintext) if plaintext else ""
@@ -179,6 +245,53 @@ class Route(models.Model):
         blank=True,
         help_text="External quality index (e.g. an Artificial Analysis Intelligence Index figure).",
     )
+    # Request settings, sent as the real APIs name them (admin offers presets).
+    token_limit_param = models.CharField(
+        "token-limit parameter",
+        max_length=30,
+        choices=TOKEN_LIMIT_PARAMS,
+        default=TOKEN_LIMIT_MAX_TOKENS,
+        help_text="OpenAI reasoning models refuse max_tokens and need max_completion_tokens.",
+    )
+    reasoning_effort = models.CharField(
+        max_length=10,
+        choices=REASONING_EFFORTS,
+        blank=True,
+        help_text="OpenAI-format reasoning models: more effort, more hidden reasoning tokens.",
+    )
+    thinking_budget_tokens = models.PositiveIntegerField(
+        "thinking budget (tokens)",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(MIN_THINKING_BUDGET)],
+        help_text="Anthropic extended thinking (at least 1024). Empty: thinking off.",
+    )
+    service_tier = models.CharField(
+        max_length=10,
+        choices=SERVICE_TIERS,
+        blank=True,
+        help_text="Separate by urgency: priority costs more and queues less, flex the reverse.",
+    )
+    temperature = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.0), MaxValueValidator(2.0)],
+        help_text="Empty: not sent (reasoning models refuse any but the default).",
+    )
+    extra_body = models.JSONField(
+        "extra body fields",
+        default=dict,
+        blank=True,
+        help_text='Merged into the request body, e.g. {"response_format": {"type": "json_object"}}.',
+    )
+    api_version = models.CharField(
+        "API version",
+        max_length=30,
+        blank=True,
+        help_text="Azure OpenAI: the api-version query parameter, e.g. 2024-10-21.",
+    )
+    # Fernet token of a JSON object of headers (gateway keys...): write-only, like API keys.
+    secret_headers_encrypted = models.TextField(blank=True, default="", editable=False)
     is_active = models.BooleanField(default=True)
 
     class Meta:
@@ -189,6 +302,39 @@ class Route(models.Model):
 
     def __str__(self) -> str:
         return self.display_name or f"{self.provider.name} / {self.model_id}"
+
+    def clean(self) -> None:
+        errors: dict[str, str] = {}
+        body = self.extra_body
+        if not isinstance(body, dict):
+            errors["extra_body"] = "Use a JSON object."
+        elif reserved := sorted(RESERVED_BODY_KEYS & set(body)):
+            errors["extra_body"] = (
+                f"{', '.join(reserved)}: set by the probe or by the fields above, not here."
+            )
+        wire = self.provider.wire_format if self.provider_id else None
+        if wire is not None and wire not in OPENAI_BODIES:
+            if self.token_limit_param != TOKEN_LIMIT_MAX_TOKENS:
+                errors["token_limit_param"] = "Only OpenAI-format providers take this parameter."  # noqa: S105
+            if self.reasoning_effort:
+                errors["reasoning_effort"] = (
+                    "Only OpenAI-format providers take reasoning_effort; use a thinking budget."
+                )
+        if wire is not None and wire != WIRE_ANTHROPIC and self.thinking_budget_tokens:
+            errors["thinking_budget_tokens"] = "Only Anthropic-format providers take a budget."
+        if wire == WIRE_AZURE and not self.api_version:
+            errors["api_version"] = "Azure OpenAI needs an api-version."
+        if errors:
+            raise ValidationError(errors)
+
+    @property
+    def has_secret_headers(self) -> bool:
+        return bool(self.secret_headers_encrypted)
+
+    def set_secret_headers(self, headers: dict[str, str]) -> None:
+        self.secret_headers_encrypted = (
+            encrypt_secret(json.dumps(headers, separators=(",", ":"))) if headers else ""
+        )
 
     def cost_usd(self, input_tokens: int, output_tokens: int) -> Decimal:
         return (
@@ -409,6 +555,19 @@ class ProbeResult(models.Model):
     input_tokens = models.PositiveIntegerField(null=True, blank=True)
     # null = the provider did not report it, which differs from 0
     cached_tokens = models.PositiveIntegerField(null=True, blank=True)
+    # Reasoning the provider reports (streamed or not), and the part of it billed but never
+    # streamed: shown apart, never counted as speed (tps counts streamed tokens only).
+    reasoning_tokens = models.PositiveIntegerField(null=True, blank=True)
+    hidden_reasoning_tokens = models.PositiveIntegerField(null=True, blank=True)
+    tps_token_source = models.CharField(
+        "how speed's tokens were counted", max_length=40, blank=True
+    )
+
+    # What actually served the probe (comparisons group by these, not by what was asked).
+    served_model = models.CharField(max_length=200, blank=True)
+    request_id = models.CharField(max_length=100, blank=True)
+    service_tier = models.CharField(max_length=30, blank=True)
+    connection_reused = models.BooleanField(null=True, blank=True)
 
     # rate limits, as received
     ratelimit_remaining_requests = models.IntegerField(null=True, blank=True)

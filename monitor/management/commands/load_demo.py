@@ -60,6 +60,8 @@ class Command(BaseCommand):
                     "name": sim.name or sim.slug,
                     "base_url": url,
                     "wire_format": sim.format,
+                    # The simulator serves HTTP/2 (h2c) to every provider.
+                    "http2": True,
                     "is_simulated": True,
                 },
             )
