@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 from django import forms
@@ -10,6 +12,7 @@ from django.utils import timezone
 from django.utils.decorators import method_decorator
 from django.views.decorators.debug import sensitive_post_parameters
 
+from monitor import presets
 from monitor.models import (
     BODY_ENCODINGS,
     CONNECTION_MODES,
@@ -26,6 +29,9 @@ from monitor.models import (
     Task,
 )
 
+# RFC 9110 token characters: a header name a client library will send as it is.
+HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
 
 class ProviderForm(forms.ModelForm):  # type: ignore[type-arg]
     # Write-only: the widget never renders a value back, and a blank field keeps the stored key.
@@ -37,12 +43,18 @@ class ProviderForm(forms.ModelForm):  # type: ignore[type-arg]
         help_text="Write-only: stored encrypted, never shown again. Leave blank to keep the current key.",
     )
     clear_api_key = forms.BooleanField(label="Remove the stored API key", required=False)
+    preset = forms.ChoiceField(
+        choices=presets.provider_choices,
+        required=False,
+        help_text="Fills in the wire format, HTTP/2 support and (when left empty) the base URL.",
+    )
 
     class Meta:
         model = Provider
         fields = [
             "name",
             "slug",
+            "preset",
             "base_url",
             "wire_format",
             "api_key",
@@ -53,6 +65,22 @@ class ProviderForm(forms.ModelForm):  # type: ignore[type-arg]
             "is_simulated",
             "is_active",
         ]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["base_url"].required = False  # a preset can supply it
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        preset = presets.PROVIDER_PRESETS.get(data.get("preset") or "")
+        if preset is not None:
+            data["wire_format"], data["http2"] = preset["wire_format"], preset["http2"]
+            data["base_url"] = data.get("base_url") or preset["base_url"]
+            for name in ("wire_format", "http2", "base_url"):
+                setattr(self.instance, name, data[name])
+        if not data.get("base_url"):
+            self.add_error("base_url", "Give the provider's base URL, or pick a preset.")
+        return data
 
     def save(self, commit: bool = True) -> Provider:
         provider: Provider = super().save(commit=False)
@@ -89,8 +117,91 @@ class ProviderAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return super().changeform_view(request, object_id, form_url, extra_context)
 
 
+class RouteForm(forms.ModelForm):  # type: ignore[type-arg]
+    preset = forms.ChoiceField(
+        choices=presets.route_choices,
+        required=False,
+        help_text="Sets the request settings below to what this kind of model needs.",
+    )
+    # Write-only, like API keys: stored encrypted, never rendered back or logged.
+    secret_headers = forms.CharField(
+        label="secret headers",
+        required=False,
+        strip=True,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "off"}),
+        help_text='A JSON object, e.g. {"api-key": "..."} or a gateway\'s key header. Write-only: '
+        "stored encrypted, never shown again. Leave blank to keep the stored headers.",
+    )
+    clear_secret_headers = forms.BooleanField(
+        label="Remove the stored secret headers", required=False
+    )
+
+    class Meta:
+        model = Route
+        fields = [
+            "provider",
+            "model_id",
+            "display_name",
+            "price_input_per_mtok",
+            "price_output_per_mtok",
+            "quality_index",
+            "preset",
+            "token_limit_param",
+            "reasoning_effort",
+            "thinking_budget_tokens",
+            "service_tier",
+            "temperature",
+            "extra_body",
+            "api_version",
+            "secret_headers",
+            "clear_secret_headers",
+            "is_active",
+        ]
+
+    def clean_secret_headers(self) -> dict[str, str] | None:
+        raw = self.cleaned_data.get("secret_headers") or ""
+        if not raw:
+            return None
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            # Never echo the value back: it is a secret.
+            raise forms.ValidationError("Not valid JSON (the value is not shown).") from None
+        if not (
+            isinstance(value, dict)
+            and value
+            and all(
+                isinstance(k, str) and HEADER_NAME.fullmatch(k) and isinstance(v, str)
+                for k, v in value.items()
+            )
+        ):
+            raise forms.ValidationError("Use a JSON object of header names to string values.")
+        return value
+
+    def clean(self) -> dict[str, Any]:
+        # Runs before the instance is built and validated, so the model checks the preset's
+        # settings against the provider like any typed-in ones.
+        data = super().clean() or {}
+        preset = presets.ROUTE_PRESETS.get(data.get("preset") or "")
+        if preset is not None:
+            data.update(preset["settings"])
+        return data
+
+    def save(self, commit: bool = True) -> Route:
+        route: Route = super().save(commit=False)
+        if self.cleaned_data.get("clear_secret_headers"):
+            route.set_secret_headers({})
+        elif self.cleaned_data.get("secret_headers"):
+            route.set_secret_headers(self.cleaned_data["secret_headers"])
+        if commit:
+            route.save()
+            self.save_m2m()
+        return route
+
+
 @admin.register(Route)
 class RouteAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    form = RouteForm
     list_display = [
         "__str__",
         "provider",
@@ -98,11 +209,28 @@ class RouteAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "price_input_per_mtok",
         "price_output_per_mtok",
         "quality_index",
+        "token_limit_param",
+        "service_tier",
+        "headers_set",
         "is_active",
     ]
-    list_filter = ["provider", "is_active"]
+    list_filter = ["provider", "token_limit_param", "service_tier", "is_active"]
     search_fields = ["model_id", "display_name", "provider__name"]
     list_select_related = ["provider"]
+
+    @admin.display(boolean=True, description="secret headers set")
+    def headers_set(self, obj: Route) -> bool:
+        return obj.has_secret_headers
+
+    @method_decorator(sensitive_post_parameters("secret_headers"))
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        return super().changeform_view(request, object_id, form_url, extra_context)
 
 
 @admin.register(Region)

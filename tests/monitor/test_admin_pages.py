@@ -79,7 +79,6 @@ def test_a_private_provider_url_is_refused_unless_allowed(admin_client: Client, 
             "base_url": "https://127.0.0.1:8443/v1",
             "wire_format": "openai",
             "extra_headers": "{}",
-            "body_encoding": "json",
             "is_active": "on",
         },
     )

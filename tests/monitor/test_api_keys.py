@@ -28,7 +28,6 @@ def _provider_form(**overrides: str) -> dict[str, str]:
         "wire_format": "openai",
         "api_key": CANARY,
         "extra_headers": "{}",
-        "body_encoding": "json",
         "is_active": "on",
     }
     data.update(overrides)
