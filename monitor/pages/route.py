@@ -10,6 +10,7 @@ headers, and the option comparisons (which rollups do not split).
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -20,8 +21,10 @@ from django.db.models import F, FloatField, Func, Q
 from django.utils.safestring import SafeString, mark_safe
 
 from monitor.models import (
+    BODY_MSGPACK_GZIP,
     GRAIN_DAY,
     GRAIN_HOUR,
+    HTTP_2,
     OUTCOME_OK,
     ROW_QUANTILES,
     ProbeResult,
@@ -115,6 +118,8 @@ class RoutePage:
     waterfall: list[Segment]
     headroom: list[Headroom]
     comparisons: list[Comparison] = field(default_factory=list)
+    reasoning: Reasoning | None = None
+    not_sent: list[str] = field(default_factory=list)
     now: datetime | None = None
 
     @property
@@ -233,6 +238,7 @@ def median_probe(
             "tps",
             "http_version",
             "cold",
+            "connection_reused",
         )
         .first()
     )
@@ -309,14 +315,26 @@ def headroom(
     return out
 
 
+def _connection(r: dict[str, Any]) -> str:
+    reused = r["connection_reused"]
+    if reused is None:  # rows from before reuse was recorded: what was asked
+        return "cold (asked)" if r["cold"] else "warm (asked)"
+    return "reused connection" if reused else "new connection"
+
+
+# Grouped by what happened (the negotiated version, whether the connection was really reused,
+# what the provider says served the probe), not by what was asked: a provider that ignores
+# an HTTP/2 offer or a pool that had to reconnect shows as such.
 _DIMENSIONS = (
-    ("HTTP version", lambda r: "HTTP/2" if r["http2"] else "HTTP/1.1"),
-    ("connection", lambda r: "cold" if r["cold"] else "warm"),
+    ("HTTP version (negotiated)", lambda r: r["http_version"] or "not negotiated"),
+    ("connection", _connection),
     (
         "request body",
         lambda r: "msgpack + gzip" if r["body_encoding"] == "msgpack-gzip" else "JSON",
     ),
     ("prompt prefix", lambda r: r["prefix_mode"]),
+    ("served model", lambda r: r["served_model"] or "not reported"),
+    ("service tier", lambda r: r["service_tier"] or "not reported"),
 )
 
 
@@ -324,28 +342,90 @@ def _p50(values: list[float]) -> float | None:
     return hist.percentile(hist.build(values, hist.MS), 50, hist.MS) if values else None
 
 
-def comparisons(route: Route, task: Task, region: Region | None, now: datetime) -> list[Comparison]:
-    """Side by side, for each probe option this task probed both ways (last 24 h)."""
+def _median(values: list[int]) -> float | None:
+    return float(statistics.median(values)) if values else None
+
+
+@dataclass
+class Reasoning:
+    """Reasoning the provider reported over the comparison rows: shown apart from speed."""
+
+    probes: int  # ok probes that reported reasoning tokens
+    reasoning_tokens_p50: float | None
+    hidden_tokens_p50: float | None  # billed but never streamed
+    ttft_p50_ms: float | None  # first output of any kind (a reasoning token, when streamed)
+    ttfat_p50_ms: float | None  # first answer token
+    speed_counted: list[str]  # how speed's tokens were counted, for these probes
+
+
+def reasoning(rows: list[dict[str, Any]]) -> Reasoning | None:
+    ok = [r for r in rows if r["outcome"] == OUTCOME_OK and r["reasoning_tokens"]]
+    if not ok:
+        return None
+    return Reasoning(
+        probes=len(ok),
+        reasoning_tokens_p50=_median([r["reasoning_tokens"] for r in ok]),
+        hidden_tokens_p50=_median(
+            [r["hidden_reasoning_tokens"] for r in ok if r["hidden_reasoning_tokens"] is not None]
+        ),
+        ttft_p50_ms=_p50([r["ttft_ms"] for r in ok if r["ttft_ms"] is not None]),
+        ttfat_p50_ms=_p50([r["ttfat_ms"] for r in ok if r["ttfat_ms"] is not None]),
+        speed_counted=sorted({r["tps_token_source"] for r in ok if r["tps_token_source"]}),
+    )
+
+
+def not_sent(route: Route, task: Task) -> list[str]:
+    """Options the task asks for that this route's provider cannot take (so are not sent)."""
+    provider = route.provider
+    notes = []
+    if HTTP_2 in task.http_versions and not provider.http2:
+        notes.append(
+            f"HTTP/2: {provider.name} is not set to support it, so its probes use HTTP/1.1."
+        )
+    if BODY_MSGPACK_GZIP in task.body_encodings and not provider.accepts_msgpack:
+        notes.append(
+            f"msgpack + gzip bodies: {provider.name} does not accept them, so its probes send "
+            "JSON (a msgpack probe would only fail for a reason that is ours)."
+        )
+    return notes
+
+
+def comparison_rows(
+    route: Route, task: Task, region: Region | None, now: datetime
+) -> list[dict[str, Any]]:
+    """The most recent raw rows of the last 24 h, for comparisons and the reasoning figures."""
     raw = ProbeResult.objects.filter(route=route, task=task, started_at__gte=now - RAW_WINDOW)
     if region is not None:
         raw = raw.filter(region=region)
-    rows: list[dict[str, Any]] = [
+    return [
         dict(r)
         for r in raw.order_by("-started_at").values(
             "http2",
             "cold",
             "body_encoding",
             "prefix_mode",
+            "http_version",
+            "connection_reused",
+            "served_model",
+            "service_tier",
             "outcome",
             "dns_ms",
             "connect_ms",
             "tls_ms",
             "upload_ms",
             "ttft_ms",
+            "ttfat_ms",
             "e2e_ms",
             "request_bytes",
+            "reasoning_tokens",
+            "hidden_reasoning_tokens",
+            "tps_token_source",
         )[:COMPARISON_ROWS]
     ]
+
+
+def comparisons(rows: list[dict[str, Any]]) -> list[Comparison]:
+    """Side by side, for each dimension the rows took more than one way."""
     out = []
     for dimension, key in _DIMENSIONS:
         groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -430,6 +510,7 @@ def build(
     selected = by_region.get(region.pk) if region is not None else merged
     kinds = sorted((selected.error_kinds if selected else {}).items(), key=lambda kv: -kv[1])
     probe = median_probe(route, task, region, now)
+    rows = comparison_rows(route, task, region, now)
     return RoutePage(
         route=route,
         tasks=tasks,
@@ -444,6 +525,8 @@ def build(
         median_probe=probe,
         waterfall=waterfall(probe),
         headroom=headroom(route, regions if region is None else [region], by_region, now),
-        comparisons=comparisons(route, task, region, now),
+        comparisons=comparisons(rows),
+        reasoning=reasoning(rows),
+        not_sent=not_sent(route, task),
         now=now,
     )

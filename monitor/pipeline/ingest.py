@@ -37,7 +37,8 @@ DETAIL_LIMIT = 500
 
 _FIELDS = [f for f in ProbeResult._meta.concrete_fields if f.name != "id"]
 COLUMNS = [f.column for f in _FIELDS]
-_CALLABLE_DEFAULTS = {f.attname for f in _FIELDS if callable(f.default)}
+# A field's own default ("" for text), except callables such as timezone.now (set per row).
+_CALLABLE_DEFAULTS = {f.attname for f in _FIELDS if f.has_default() and callable(f.default)}
 _DEFAULTS: dict[str, Any] = {
     f.attname: (None if f.attname in _CALLABLE_DEFAULTS else f.get_default()) for f in _FIELDS
 }

@@ -1,0 +1,81 @@
+"""The route page tells what happened, not what was asked: comparisons grouped by the
+negotiated HTTP version, real connection reuse, the served model and tier; hidden reasoning
+shown apart from speed; options the provider cannot take named as not sent."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.contrib.auth.models import User
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+
+from monitor.pipeline import ingest
+from tests.monitor import factories as f
+
+
+def _table(body: str, dimension: str) -> str:
+    return body[body.index(f'data-dimension="{dimension}"') :].split("</table>")[0]
+
+
+def test_comparisons_group_by_what_happened_and_reasoning_stands_apart(
+    client: Client, teammate: User, db: None
+) -> None:
+    p = f.provider("gateway", http2=True)
+    r = f.route(p, "gpt-5.5", token_limit_param="max_completion_tokens")
+    g = f.region("eu-west")
+    t = f.task("qa", [r], [g], http_versions=["1.1", "2"], connection_modes=["warm", "cold"])
+    now = timezone.now()
+    payloads: list[dict[str, Any]] = []
+    for i in range(12):
+        payload = f.payload(t, r, g, now - timedelta(seconds=10 * i + 5), ttft_ms=900.0)
+        # The task asked for HTTP/2 on every other probe, but the gateway always answered
+        # HTTP/1.1: the page must show one negotiated version, not two asked-for ones.
+        payload.update(
+            http2=i % 2 == 0,
+            http_version="HTTP/1.1",
+            cold=i % 3 == 0,
+            connection_reused=i % 3 != 0 and i != 1,  # one warm probe had to reconnect
+            # An aggregator switched the model behind the route for a third of the probes.
+            served_model="gpt-5.5-2026-08-01" if i % 3 else "gpt-5.5-mini-2026-08-01",
+            service_tier="default",
+            reasoning_tokens=2000,
+            hidden_reasoning_tokens=2000,
+            ttfat_ms=900.0,
+            tps=99.0,
+            tps_token_source="usage-minus-hidden-reasoning",
+        )
+        payloads.append(payload)
+    assert ingest.ingest(payloads) == 12
+    client.force_login(teammate)
+    response = client.get(reverse("rw-route", args=[r.pk]), {"task": "qa"})
+    body = response.content.decode()
+    assert 'data-dimension="HTTP version (negotiated)"' not in body  # one way only
+    connection = _table(body, "connection")
+    assert '>new connection</th><td class="num">5</td>' in connection
+    assert '>reused connection</th><td class="num">7</td>' in connection
+    served = _table(body, "served model")
+    assert '>gpt-5.5-2026-08-01</th><td class="num">8</td>' in served
+    assert '>gpt-5.5-mini-2026-08-01</th><td class="num">4</td>' in served
+    reasoning = body[body.index('class="card reasoning"') :].split("</div>")[0]
+    assert "12 ok probes that reported it" in reasoning
+    assert "Of which hidden (billed, never streamed), p50</dt><dd>2,000" in reasoning
+    assert "usage-minus-hidden-reasoning" in reasoning
+    # No option this task asks for is refused by the provider.
+    assert "Not sent to this route" not in body
+
+
+def test_the_page_names_options_the_provider_cannot_take(
+    client: Client, teammate: User, db: None
+) -> None:
+    p = f.provider("plain")  # neither HTTP/2 nor msgpack
+    r = f.route(p, "chat")
+    g = f.region("eu-west")
+    f.task("qa", [r], [g], http_versions=["1.1", "2"], body_encodings=["json", "msgpack-gzip"])
+    client.force_login(teammate)
+    body = client.get(reverse("rw-route", args=[r.pk]), {"task": "qa"}).content.decode()
+    assert "Not sent to this route: HTTP/2: Plain is not set to support it" in body
+    assert "msgpack + gzip bodies: Plain does not accept them" in body
+    assert 'class="card reasoning"' not in body  # nothing reasoned
