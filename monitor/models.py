@@ -81,6 +81,19 @@ ERROR_KINDS = [(kind, kind) for kind in (*PROBE_ERROR_KINDS, "config", "missed")
 
 TOKEN_SOURCES = [("usage", "server usage"), ("tokenizer", "counted (o200k_base)")]
 
+# Where a figure stands against the task's latency budget (Task.budget_status).
+STATUS_OK = "ok"
+STATUS_NEAR = "near"
+STATUS_OVER = "over"
+STATUS_UNKNOWN = "unknown"  # no budget set, or no figure to hold against it
+BUDGET_STATUSES = [
+    (STATUS_OK, "within budget"),
+    (STATUS_NEAR, "near budget"),
+    (STATUS_OVER, "over budget"),
+    (STATUS_UNKNOWN, "no data"),
+]
+NEAR_FRACTION = 0.9  # within 90-100% of a budget is "near"
+
 slug_validator = RegexValidator(
     r"^[a-z0-9]+(?:-[a-z0-9]+)*$", "Use lowercase letters, digits and single hyphens."
 )
@@ -313,6 +326,47 @@ class Task(models.Model):
         for field in ("http_versions", "body_encodings", "connection_modes", "prefix_modes"):
             if not getattr(self, field):
                 raise ValidationError({field: "Pick at least one."})
+
+    def stale_after(self) -> dt.timedelta:
+        """No result for this long means the figures are stale: three intervals, or one interval
+        plus the probe deadline and a minute, whichever is longer."""
+        return max(
+            dt.timedelta(seconds=3 * self.probe_interval_s),
+            dt.timedelta(seconds=self.probe_interval_s + self.probe_timeout_s + 60),
+        )
+
+    def is_fresh(self, last_probe_at: dt.datetime | None, now: dt.datetime) -> bool:
+        """Figures whose last probe is this recent are current; older ones are stale (and a
+        route with nothing recent in a region cannot be its fastest)."""
+        return fresh_within(last_probe_at, now, self.stale_after())
+
+    def budget_ms(self, metric: str) -> int | None:
+        """The latency budget set on a metric (ttft_p95, e2e_p95); None for other metrics."""
+        if metric == METRIC_TTFT_P95:
+            return self.ttft_p95_budget_ms
+        if metric == METRIC_E2E_P95:
+            return self.e2e_p95_budget_ms
+        return None
+
+    def budget_status(self, metric: str, value_ms: float | None) -> str:
+        """STATUS_OK, STATUS_NEAR (within NEAR_FRACTION of the budget), STATUS_OVER, or
+        STATUS_UNKNOWN when the metric has no budget or there is no figure."""
+        budget_ms = self.budget_ms(metric)
+        if budget_ms is None or value_ms is None:
+            return STATUS_UNKNOWN
+        if value_ms > budget_ms:
+            return STATUS_OVER
+        if value_ms > budget_ms * NEAR_FRACTION:
+            return STATUS_NEAR
+        return STATUS_OK
+
+
+def fresh_within(
+    last_probe_at: dt.datetime | None, now: dt.datetime, stale_after: dt.timedelta
+) -> bool:
+    """The one freshness rule (Task.is_fresh), also for figures kept apart from their task
+    (the overview snapshot keeps each cell's stale_after)."""
+    return last_probe_at is not None and now - last_probe_at <= stale_after
 
 
 class EvalCase(models.Model):
@@ -696,7 +750,7 @@ class Subscription(models.Model):
     )
     is_active = models.BooleanField(default=True)
     # When the next digest (or a retry of a failed one) is due; null while inactive. A sender
-    # claims a digest by moving this forward (optimistic lock, monitor.digest.report.send_due).
+    # claims a digest by moving this forward (optimistic lock, monitor.digest.sending.send_due).
     next_send_at = models.DateTimeField(null=True, blank=True)
     last_sent_at = models.DateTimeField(null=True, blank=True)
     # Attempts at the current digest; reset once it is sent or given up.

@@ -19,12 +19,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
+from typing import TypeVar
 
 from monitor.models import Route, Task
 from monitor.stats.rollups import Stats
 
 MIN_GRADED = 10
+
+K = TypeVar("K")
 
 REASON_QUALITY = "below the quality bar"
 REASON_UNGRADED = "too few graded probes"
@@ -67,6 +71,12 @@ def quality_verdict(task: Task, route: Route, quality: Stats | None) -> tuple[bo
         if quality.pass_rate < task.min_pass_rate:
             return False, REASON_QUALITY
     return True, ""
+
+
+def fresh(task: Task, latency: Mapping[K, Stats], now: datetime) -> dict[K, Stats]:
+    """Only the figures probed recently (Task.is_fresh): a route with nothing recent in a
+    region cannot be its fastest."""
+    return {key: s for key, s in latency.items() if task.is_fresh(s.last_probe_at, now)}
 
 
 def choose(
