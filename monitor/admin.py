@@ -284,7 +284,5 @@ class SubscriptionAdmin(admin.ModelAdmin[Subscription]):
     ]
 
     def save_model(self, request: HttpRequest, obj: Subscription, form: Any, change: bool) -> None:
-        # A new schedule (or switching on/off) sets the next send time; other edits keep it.
-        if not change or {"is_active", "weekday", "hour", "time_zone"} & set(form.changed_data):
-            obj.reschedule(timezone.now())
+        obj.reschedule_if_changed(form.changed_data, timezone.now())
         super().save_model(request, obj, form, change)

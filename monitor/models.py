@@ -3,6 +3,7 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import socket
+from collections.abc import Iterable
 from decimal import Decimal
 from urllib.parse import urlsplit
 
@@ -732,6 +733,10 @@ def validate_time_zone(value: str) -> None:
         raise ValidationError(f"{value!r} is not an IANA time zone (e.g. Europe/Paris).") from None
 
 
+# The fields that say when a digest goes out (Subscription.reschedule_if_changed).
+SCHEDULE_FIELDS = frozenset({"is_active", "weekday", "hour", "time_zone"})
+
+
 class Subscription(models.Model):
     """One user's weekly digest: which tasks (none = all), when in their own time zone."""
 
@@ -810,3 +815,9 @@ class Subscription(models.Model):
         """After a change of schedule or of the active flag (not saved here)."""
         self.next_send_at = self.choose_next_send(now) if self.is_active else None
         self.send_attempts = 0
+
+    def reschedule_if_changed(self, changed_fields: Iterable[str], now: dt.datetime) -> None:
+        """After an edit (not saved here): a new subscription, a new schedule or switching it
+        on or off sets the next send time; other edits keep it, and a pending retry with it."""
+        if self.pk is None or SCHEDULE_FIELDS & set(changed_fields):
+            self.reschedule(now)

@@ -15,11 +15,10 @@ Every figure comes from the rollups. Sending them is monitor.digest.sending.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any
 
 from django.conf import settings
 from django.db.models import QuerySet
@@ -304,25 +303,7 @@ def _metric(stats: Stats | None, name: str) -> float | None:
     return stats.metric(name) if stats else None
 
 
-@dataclass
-class _Week:
-    per_region: dict[tuple[int | None, ...], Stats]
-    per_route: dict[tuple[int | None, ...], Stats]
-
-
-def _read_week(since: datetime, until: datetime, task_ids: Sequence[int]) -> _Week:
-    def rows(all_regions: bool) -> QuerySet[Any]:
-        qs = rollups.rows(since=since, until=until, grain=GRAIN_HOUR, all_regions=all_regions)
-        return qs.filter(task_id__in=task_ids)
-
-    return _Week(
-        per_region=rollups.stats_by(rows(False), ["task_id", "route_id", "region_id"]),
-        # Quality, error rates and spend need counts only.
-        per_route=rollups.stats_by(rows(True), ["task_id", "route_id"], histograms=False),
-    )
-
-
-def _task_totals(week: _Week, task: Task) -> Stats:
+def _task_totals(week: selection.Window, task: Task) -> Stats:
     total = Stats()
     for (task_id, _route_id), stats in week.per_route.items():
         if task_id == task.pk:
@@ -330,36 +311,24 @@ def _task_totals(week: _Week, task: Task) -> Stats:
     return total
 
 
-def _by_route(week: _Week, task: Task, routes: Sequence[Route]) -> dict[int, Stats]:
-    keys = ((r.pk, (task.pk, r.pk)) for r in routes)
-    return {pk: week.per_route[key] for pk, key in keys if key in week.per_route}
-
-
-def _in_region(
-    week: _Week, task: Task, routes: Sequence[Route], region: Region
-) -> dict[int, Stats]:
-    keys = ((r.pk, (task.pk, r.pk, region.pk)) for r in routes)
-    return {pk: week.per_region[key] for pk, key in keys if key in week.per_region}
-
-
 def build_report(tasks: Iterable[Task], period: Period) -> list[TaskDigest]:
     """The digest's figures for these tasks over `period` and the week before it."""
     tasks = list(tasks)
     ids = [t.pk for t in tasks]
-    this_week = _read_week(period.since, period.until, ids)
-    last_week = _read_week(period.last_since, period.since, ids)
+    this_week = selection.Window.read(period.since, period.until, ids)
+    last_week = selection.Window.read(period.last_since, period.since, ids)
     threshold = settings.DIGEST_REGRESSION_PCT
     digests = []
     for task in tasks:
         routes = [r for r in task.routes.all() if r.is_active]
         route_urls = {r.pk: page_url("rw-route", r.pk) for r in routes}
-        quality_this = _by_route(this_week, task, routes)
-        quality_last = _by_route(last_week, task, routes)
+        quality_this = this_week.quality(task, routes)
+        quality_last = last_week.quality(task, routes)
         regions: list[RegionDigest] = []
         regressions: list[Regression] = []
         for region in task.regions.all():
-            latency_this = _in_region(this_week, task, routes, region)
-            latency_last = _in_region(last_week, task, routes, region)
+            latency_this = this_week.latency(task, routes, region)
+            latency_last = last_week.latency(task, routes, region)
             this_choice = selection.choose(task, routes, latency_this, quality_this)
             last_choice = selection.choose(task, routes, latency_last, quality_last)
             verdict, why, detail = _why_changed(task, this_choice, last_choice, latency_this)

@@ -55,9 +55,6 @@ def _subscription_of(user: User) -> Subscription:
         return Subscription(user=user, time_zone=settings.TIME_ZONE, is_active=True)
 
 
-_SCHEDULE_FIELDS = {"is_active", "weekday", "hour", "time_zone"}
-
-
 @login_required
 @require_http_methods(["GET", "POST"])
 def settings_page(request: AuthenticatedHttpRequest) -> HttpResponse:
@@ -65,9 +62,7 @@ def settings_page(request: AuthenticatedHttpRequest) -> HttpResponse:
     form = SubscriptionForm(request.POST or None, instance=subscription)
     if request.method == "POST" and form.is_valid():
         subscription = form.save(commit=False)
-        # A pending retry survives a save that leaves the schedule as it was.
-        if subscription.pk is None or _SCHEDULE_FIELDS & set(form.changed_data):
-            subscription.reschedule(timezone.now())
+        subscription.reschedule_if_changed(form.changed_data, timezone.now())
         subscription.save()
         form.save_m2m()
         messages.success(request, "Your digest settings are saved.")

@@ -16,7 +16,6 @@ from django.conf import settings
 from django.utils import timezone
 
 from monitor.models import (
-    GRAIN_HOUR,
     METRIC_E2E_P95,
     METRIC_TTFT_P95,
     STATUS_NEAR,
@@ -27,7 +26,7 @@ from monitor.models import (
     Task,
     fresh_within,
 )
-from monitor.stats import rollups, selection
+from monitor.stats import selection
 
 WINDOW = timedelta(hours=24)
 
@@ -138,28 +137,14 @@ def build(now: datetime | None = None, window: timedelta = WINDOW) -> Overview:
     tasks = list(
         Task.objects.filter(is_active=True).prefetch_related("routes__provider", "regions")
     )
-    per_region = rollups.stats_by(
-        rollups.rows(since=since, until=now + timedelta(hours=1), grain=GRAIN_HOUR),
-        ["task_id", "route_id", "region_id"],
-    )
-    per_route = rollups.stats_by(
-        rollups.rows(
-            since=since, until=now + timedelta(hours=1), grain=GRAIN_HOUR, all_regions=True
-        ),
-        ["task_id", "route_id"],
-        histograms=False,  # quality needs counts only
-    )
+    figures = selection.Window.read(since, now + timedelta(hours=1))
     rows: list[TaskRow] = []
     for task in tasks:
         routes = [r for r in task.routes.all() if r.is_active]
-        quality = {r.pk: per_route[(task.pk, r.pk)] for r in routes if (task.pk, r.pk) in per_route}
+        quality = figures.quality(task, routes)
         cells = []
         for region in task.regions.all():
-            latency = {
-                r.pk: per_region[(task.pk, r.pk, region.pk)]
-                for r in routes
-                if (task.pk, r.pk, region.pk) in per_region
-            }
+            latency = figures.latency(task, routes, region)
             choice = selection.choose(task, routes, selection.fresh(task, latency, now), quality)
             last = max((s.last_probe_at for s in latency.values() if s.last_probe_at), default=None)
             winner = choice.winner
