@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, TypeVar
 
 from django import forms
 from django.contrib import admin
-from django.db.models import QuerySet
+from django.db.models import Model, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.utils.decorators import method_decorator
@@ -29,11 +29,13 @@ from monitor.models import (
     Task,
 )
 
+M = TypeVar("M", bound=Model)
+
 # RFC 9110 token characters: a header name a client library will send as it is.
 HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
 
-class ProviderForm(forms.ModelForm):  # type: ignore[type-arg]
+class ProviderForm(forms.ModelForm[Provider]):
     # Write-only: the widget never renders a value back, and a blank field keeps the stored key.
     api_key = forms.CharField(
         label="API key",
@@ -94,7 +96,7 @@ class ProviderForm(forms.ModelForm):  # type: ignore[type-arg]
 
 
 @admin.register(Provider)
-class ProviderAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class ProviderAdmin(admin.ModelAdmin[Provider]):
     form = ProviderForm
     list_display = ["name", "slug", "wire_format", "base_url", "key_set", "http2", "is_active"]
     list_filter = ["wire_format", "http2", "accepts_msgpack", "is_simulated", "is_active"]
@@ -117,7 +119,7 @@ class ProviderAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return super().changeform_view(request, object_id, form_url, extra_context)
 
 
-class RouteForm(forms.ModelForm):  # type: ignore[type-arg]
+class RouteForm(forms.ModelForm[Route]):
     preset = forms.ChoiceField(
         choices=presets.route_choices,
         required=False,
@@ -200,7 +202,7 @@ class RouteForm(forms.ModelForm):  # type: ignore[type-arg]
 
 
 @admin.register(Route)
-class RouteAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class RouteAdmin(admin.ModelAdmin[Route]):
     form = RouteForm
     list_display = [
         "__str__",
@@ -234,14 +236,14 @@ class RouteAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 
 @admin.register(Region)
-class RegionAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class RegionAdmin(admin.ModelAdmin[Region]):
     list_display = ["name", "slug", "queue_name", "is_active"]
     list_filter = ["is_active"]
     search_fields = ["name", "slug"]
     prepopulated_fields = {"slug": ["name"]}
 
 
-class EvalCaseInline(admin.TabularInline):  # type: ignore[type-arg]
+class EvalCaseInline(admin.TabularInline[EvalCase, Task]):
     model = EvalCase
     extra = 0
     fields = ["name", "input", "grader", "expected", "tolerance", "json_schema", "is_active"]
@@ -253,7 +255,7 @@ def _multi(choices: list[tuple[str, str]], label: str) -> forms.TypedMultipleCho
     )
 
 
-class TaskForm(forms.ModelForm):  # type: ignore[type-arg]
+class TaskForm(forms.ModelForm[Task]):
     http_versions = _multi(HTTP_VERSIONS, "HTTP versions")
     body_encodings = _multi(BODY_ENCODINGS, "Body encodings")
     connection_modes = _multi(CONNECTION_MODES, "Connections")
@@ -265,7 +267,7 @@ class TaskForm(forms.ModelForm):  # type: ignore[type-arg]
 
 
 @admin.register(Task)
-class TaskAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class TaskAdmin(admin.ModelAdmin[Task]):
     form = TaskForm
     inlines = [EvalCaseInline]
     list_display = [
@@ -326,14 +328,14 @@ class TaskAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 
 @admin.register(EvalCase)
-class EvalCaseAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class EvalCaseAdmin(admin.ModelAdmin[EvalCase]):
     list_display = ["name", "task", "grader", "expected", "is_active"]
     list_filter = ["grader", "task", "is_active"]
     search_fields = ["name", "input", "expected"]
     list_select_related = ["task"]
 
 
-class MeasurementAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class MeasurementAdmin(admin.ModelAdmin[M]):
     """Measurements are written by probes, never typed in or edited (deleting stays allowed)."""
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -344,7 +346,7 @@ class MeasurementAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 
 @admin.register(ProbeResult)
-class ProbeResultAdmin(MeasurementAdmin):
+class ProbeResultAdmin(MeasurementAdmin[ProbeResult]):
     list_display = [
         "started_at",
         "task",
@@ -365,7 +367,7 @@ class ProbeResultAdmin(MeasurementAdmin):
 
 
 @admin.register(RaceRun)
-class RaceRunAdmin(MeasurementAdmin):
+class RaceRunAdmin(MeasurementAdmin[RaceRun]):
     list_display = ["started_at", "task", "region", "status", "winner", "winner_ms", "loser_tokens"]
     list_filter = ["status", "task", "region"]
     search_fields = ["task__name", "winner__model_id"]
@@ -374,12 +376,12 @@ class RaceRunAdmin(MeasurementAdmin):
 
 
 @admin.register(Heartbeat)
-class HeartbeatAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class HeartbeatAdmin(admin.ModelAdmin[Heartbeat]):
     list_display = ["name", "last_seen", "count"]
 
 
 @admin.register(Subscription)
-class SubscriptionAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class SubscriptionAdmin(admin.ModelAdmin[Subscription]):
     list_display = [
         "user",
         "is_active",
@@ -410,7 +412,5 @@ class SubscriptionAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     ]
 
     def save_model(self, request: HttpRequest, obj: Subscription, form: Any, change: bool) -> None:
-        # A new schedule (or switching on/off) sets the next send time; other edits keep it.
-        if not change or {"is_active", "weekday", "hour", "time_zone"} & set(form.changed_data):
-            obj.reschedule(timezone.now())
+        obj.reschedule_if_changed(form.changed_data, timezone.now())
         super().save_model(request, obj, form, change)

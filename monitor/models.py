@@ -4,6 +4,7 @@ import datetime as dt
 import ipaddress
 import json
 import socket
+from collections.abc import Iterable
 from decimal import Decimal
 from urllib.parse import urlsplit
 
@@ -132,6 +133,19 @@ OUTCOMES = [(OUTCOME_OK, "ok"), (OUTCOME_ERROR, "error"), (OUTCOME_MISSED, "miss
 ERROR_KINDS = [(kind, kind) for kind in (*PROBE_ERROR_KINDS, "config", "missed")]
 
 TOKEN_SOURCES = [("usage", "server usage"), ("tokenizer", "counted (o200k_base)")]
+
+# Where a figure stands against the task's latency budget (Task.budget_status).
+STATUS_OK = "ok"
+STATUS_NEAR = "near"
+STATUS_OVER = "over"
+STATUS_UNKNOWN = "unknown"  # no budget set, or no figure to hold against it
+BUDGET_STATUSES = [
+    (STATUS_OK, "within budget"),
+    (STATUS_NEAR, "near budget"),
+    (STATUS_OVER, "over budget"),
+    (STATUS_UNKNOWN, "no data"),
+]
+NEAR_FRACTION = 0.9  # within 90-100% of a budget is "near"
 
 slug_validator = RegexValidator(
     r"^[a-z0-9]+(?:-[a-z0-9]+)*$", "Use lowercase letters, digits and single hyphens."
@@ -459,6 +473,47 @@ class Task(models.Model):
         for field in ("http_versions", "body_encodings", "connection_modes", "prefix_modes"):
             if not getattr(self, field):
                 raise ValidationError({field: "Pick at least one."})
+
+    def stale_after(self) -> dt.timedelta:
+        """No result for this long means the figures are stale: three intervals, or one interval
+        plus the probe deadline and a minute, whichever is longer."""
+        return max(
+            dt.timedelta(seconds=3 * self.probe_interval_s),
+            dt.timedelta(seconds=self.probe_interval_s + self.probe_timeout_s + 60),
+        )
+
+    def is_fresh(self, last_probe_at: dt.datetime | None, now: dt.datetime) -> bool:
+        """Figures whose last probe is this recent are current; older ones are stale (and a
+        route with nothing recent in a region cannot be its fastest)."""
+        return fresh_within(last_probe_at, now, self.stale_after())
+
+    def budget_ms(self, metric: str) -> int | None:
+        """The latency budget set on a metric (ttft_p95, e2e_p95); None for other metrics."""
+        if metric == METRIC_TTFT_P95:
+            return self.ttft_p95_budget_ms
+        if metric == METRIC_E2E_P95:
+            return self.e2e_p95_budget_ms
+        return None
+
+    def budget_status(self, metric: str, value_ms: float | None) -> str:
+        """STATUS_OK, STATUS_NEAR (within NEAR_FRACTION of the budget), STATUS_OVER, or
+        STATUS_UNKNOWN when the metric has no budget or there is no figure."""
+        budget_ms = self.budget_ms(metric)
+        if budget_ms is None or value_ms is None:
+            return STATUS_UNKNOWN
+        if value_ms > budget_ms:
+            return STATUS_OVER
+        if value_ms > budget_ms * NEAR_FRACTION:
+            return STATUS_NEAR
+        return STATUS_OK
+
+
+def fresh_within(
+    last_probe_at: dt.datetime | None, now: dt.datetime, stale_after: dt.timedelta
+) -> bool:
+    """The one freshness rule (Task.is_fresh), also for figures kept apart from their task
+    (the overview snapshot keeps each cell's stale_after)."""
+    return last_probe_at is not None and now - last_probe_at <= stale_after
 
 
 class EvalCase(models.Model):
@@ -837,6 +892,10 @@ def validate_time_zone(value: str) -> None:
         raise ValidationError(f"{value!r} is not an IANA time zone (e.g. Europe/Paris).") from None
 
 
+# The fields that say when a digest goes out (Subscription.reschedule_if_changed).
+SCHEDULE_FIELDS = frozenset({"is_active", "weekday", "hour", "time_zone"})
+
+
 class Subscription(models.Model):
     """One user's weekly digest: which tasks (none = all), when in their own time zone."""
 
@@ -855,7 +914,7 @@ class Subscription(models.Model):
     )
     is_active = models.BooleanField(default=True)
     # When the next digest (or a retry of a failed one) is due; null while inactive. A sender
-    # claims a digest by moving this forward (optimistic lock, monitor.digest.report.send_due).
+    # claims a digest by moving this forward (optimistic lock, monitor.digest.sending.send_due).
     next_send_at = models.DateTimeField(null=True, blank=True)
     last_sent_at = models.DateTimeField(null=True, blank=True)
     # Attempts at the current digest; reset once it is sent or given up.
@@ -915,3 +974,9 @@ class Subscription(models.Model):
         """After a change of schedule or of the active flag (not saved here)."""
         self.next_send_at = self.choose_next_send(now) if self.is_active else None
         self.send_attempts = 0
+
+    def reschedule_if_changed(self, changed_fields: Iterable[str], now: dt.datetime) -> None:
+        """After an edit (not saved here): a new subscription, a new schedule or switching it
+        on or off sets the next send time; other edits keep it, and a pending retry with it."""
+        if self.pk is None or SCHEDULE_FIELDS & set(changed_fields):
+            self.reschedule(now)

@@ -13,10 +13,15 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import dj_database_url
+import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 
 from monitor.crypto import fernet_key_is_valid
 from monitor.env import ConfigError, envbool, envint, envlist, envsecret, envstr
+
+# The type parameters django-stubs gives Django's classes (ModelAdmin[Task], ModelForm[Task])
+# work at run time too; before any model or admin class is defined.
+django_stubs_ext.monkeypatch()
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(envstr("RW_VAR_DIR", str(BASE_DIR / "var")))

@@ -97,7 +97,7 @@ def ingest_race(result: dict[str, Any]) -> bool:
     time_limit=660,
 )
 def send_digests() -> dict[str, int]:
-    from monitor.digest import report as digest
+    from monitor.digest import sending
 
-    summary = digest.send_due()
+    summary = sending.send_due()
     return {"sent": summary.sent, "skipped": summary.skipped, "failed": summary.failed}

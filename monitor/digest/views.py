@@ -17,7 +17,7 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_http_methods
 
-from monitor.digest import report as digest
+from monitor.digest import report, sending
 from monitor.models import Subscription, Task
 
 
@@ -28,7 +28,7 @@ class AuthenticatedHttpRequest(HttpRequest):
 HOURS = [(h, f"{h:02d}:00") for h in range(24)]
 
 
-class SubscriptionForm(forms.ModelForm):  # type: ignore[type-arg]
+class SubscriptionForm(forms.ModelForm[Subscription]):
     hour = forms.TypedChoiceField(choices=HOURS, coerce=int, help_text="In your time zone.")
     tasks = forms.ModelMultipleChoiceField(
         queryset=Task.objects.filter(is_active=True),
@@ -55,9 +55,6 @@ def _subscription_of(user: User) -> Subscription:
         return Subscription(user=user, time_zone=settings.TIME_ZONE, is_active=True)
 
 
-_SCHEDULE_FIELDS = {"is_active", "weekday", "hour", "time_zone"}
-
-
 @login_required
 @require_http_methods(["GET", "POST"])
 def settings_page(request: AuthenticatedHttpRequest) -> HttpResponse:
@@ -65,9 +62,7 @@ def settings_page(request: AuthenticatedHttpRequest) -> HttpResponse:
     form = SubscriptionForm(request.POST or None, instance=subscription)
     if request.method == "POST" and form.is_valid():
         subscription = form.save(commit=False)
-        # A pending retry survives a save that leaves the schedule as it was.
-        if subscription.pk is None or _SCHEDULE_FIELDS & set(form.changed_data):
-            subscription.reschedule(timezone.now())
+        subscription.reschedule_if_changed(form.changed_data, timezone.now())
         subscription.save()
         form.save_m2m()
         messages.success(request, "Your digest settings are saved.")
@@ -85,9 +80,9 @@ def settings_page(request: AuthenticatedHttpRequest) -> HttpResponse:
 def preview(request: AuthenticatedHttpRequest) -> HttpResponse:
     """The logged-in user's digest as it would read now: the week up to this hour."""
     subscription = _subscription_of(request.user)
-    period = digest.period_ending(timezone.now())
-    report = digest.build_report(digest.tasks_for(subscription), period)
-    ctx = digest.digest_context(subscription, report, period, preview=True)
+    period = report.period_ending(timezone.now())
+    figures = report.build_report(report.tasks_for(subscription), period)
+    ctx = sending.digest_context(subscription, figures, period, preview=True)
     if request.GET.get("format") == "text":
         return render(
             request, "emails/digest-body-text.html", ctx, content_type="text/plain; charset=utf-8"
@@ -101,7 +96,7 @@ def unsubscribe(request: HttpRequest, token: str) -> HttpResponse:
     """GET: a confirm form (mail scanners follow links). POST: unsubscribe, from that form or
     from a mail client's one-click `List-Unsubscribe=One-Click` request."""
     try:
-        pk = digest.subscription_pk_from_token(token)
+        pk = sending.subscription_pk_from_token(token)
     except SignatureExpired:
         ctx = {"reason": "This unsubscribe link has expired."}
         return render(request, "digest/unsubscribe-refused.html", ctx, status=400)
@@ -109,6 +104,6 @@ def unsubscribe(request: HttpRequest, token: str) -> HttpResponse:
         ctx = {"reason": "This unsubscribe link is not valid."}
         return render(request, "digest/unsubscribe-refused.html", ctx, status=400)
     if request.method == "POST":
-        digest.unsubscribe(pk)
+        sending.unsubscribe(pk)
         return render(request, "digest/unsubscribed.html", {})
     return render(request, "digest/unsubscribe-confirm.html", {"token": token})

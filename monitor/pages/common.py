@@ -1,7 +1,8 @@
-"""What every dashboard page shares: who may read it, which window it shows, status colours.
+"""What every dashboard page shares: who may read it, which window it shows.
 
-Page data is built in the `monitor.pages_*` modules (one per page); views only parse the
+Page data is built in the page modules of monitor.pages (one per page); views only parse the
 request, call a builder and render. Every percentile a page shows comes from the rollups.
+Freshness and budget colours are the task's own rules (Task.is_fresh, Task.budget_status).
 """
 
 from __future__ import annotations

@@ -15,35 +15,20 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from monitor.models import GRAIN_HOUR, OverviewSnapshot, Task
-from monitor.stats import rollups, selection
+from monitor.models import (
+    METRIC_E2E_P95,
+    METRIC_TTFT_P95,
+    STATUS_NEAR,
+    STATUS_OK,
+    STATUS_OVER,
+    STATUS_UNKNOWN,
+    OverviewSnapshot,
+    Task,
+    fresh_within,
+)
+from monitor.stats import selection
 
 WINDOW = timedelta(hours=24)
-
-STATUS_OK = "ok"
-STATUS_NEAR = "near"
-STATUS_OVER = "over"
-STATUS_UNKNOWN = "unknown"
-NEAR_FRACTION = 0.9  # within 90-100% of a budget is "near"
-
-
-def budget_status(value_ms: float | None, budget_ms: int | None) -> str:
-    if budget_ms is None or value_ms is None:
-        return STATUS_UNKNOWN
-    if value_ms > budget_ms:
-        return STATUS_OVER
-    if value_ms > budget_ms * NEAR_FRACTION:
-        return STATUS_NEAR
-    return STATUS_OK
-
-
-def stale_after(task: Task) -> timedelta:
-    """No result for this long means the figures are stale: three intervals, or one interval
-    plus the probe deadline and a minute, whichever is longer."""
-    return max(
-        timedelta(seconds=3 * task.probe_interval_s),
-        timedelta(seconds=task.probe_interval_s + task.probe_timeout_s + 60),
-    )
 
 
 @dataclass
@@ -120,9 +105,8 @@ class Overview:
         """Staleness depends on the time of the read, not of the build."""
         for row in self.rows:
             for cell in row.cells:
-                cell.stale = cell.last_probe_at is None or (
-                    (now - cell.last_probe_at).total_seconds() > cell.stale_after_s
-                )
+                stale_after = timedelta(seconds=cell.stale_after_s)
+                cell.stale = not fresh_within(cell.last_probe_at, now, stale_after)
         return self
 
     def to_json(self) -> dict[str, Any]:
@@ -153,35 +137,15 @@ def build(now: datetime | None = None, window: timedelta = WINDOW) -> Overview:
     tasks = list(
         Task.objects.filter(is_active=True).prefetch_related("routes__provider", "regions")
     )
-    per_region = rollups.stats_by(
-        rollups.rows(since=since, until=now + timedelta(hours=1), grain=GRAIN_HOUR),
-        ["task_id", "route_id", "region_id"],
-    )
-    per_route = rollups.stats_by(
-        rollups.rows(
-            since=since, until=now + timedelta(hours=1), grain=GRAIN_HOUR, all_regions=True
-        ),
-        ["task_id", "route_id"],
-        histograms=False,  # quality needs counts only
-    )
+    figures = selection.Window.read(since, now + timedelta(hours=1))
     rows: list[TaskRow] = []
     for task in tasks:
         routes = [r for r in task.routes.all() if r.is_active]
-        quality = {r.pk: per_route[(task.pk, r.pk)] for r in routes if (task.pk, r.pk) in per_route}
+        quality = figures.quality(task, routes)
         cells = []
         for region in task.regions.all():
-            latency = {
-                r.pk: per_region[(task.pk, r.pk, region.pk)]
-                for r in routes
-                if (task.pk, r.pk, region.pk) in per_region
-            }
-            # A route with nothing recent in this region cannot win it.
-            fresh = {
-                pk: s
-                for pk, s in latency.items()
-                if s.last_probe_at and now - s.last_probe_at <= stale_after(task)
-            }
-            choice = selection.choose(task, routes, fresh, quality)
+            latency = figures.latency(task, routes, region)
+            choice = selection.choose(task, routes, selection.fresh(task, latency, now), quality)
             last = max((s.last_probe_at for s in latency.values() if s.last_probe_at), default=None)
             winner = choice.winner
             stats = latency.get(winner.route.pk) if winner else None
@@ -198,12 +162,12 @@ def build(now: datetime | None = None, window: timedelta = WINDOW) -> Overview:
                     e2e_p95_ms=stats.e2e_ms(95) if stats else None,
                     pass_rate=winner.pass_rate if winner else None,
                     last_probe_at=last,
-                    stale_after_s=stale_after(task).total_seconds(),
-                    ttft_status=budget_status(
-                        stats.ttft_ms(95) if stats else None, task.ttft_p95_budget_ms
+                    stale_after_s=task.stale_after().total_seconds(),
+                    ttft_status=task.budget_status(
+                        METRIC_TTFT_P95, stats.ttft_ms(95) if stats else None
                     ),
-                    e2e_status=budget_status(
-                        stats.e2e_ms(95) if stats else None, task.e2e_p95_budget_ms
+                    e2e_status=task.budget_status(
+                        METRIC_E2E_P95, stats.e2e_ms(95) if stats else None
                     ),
                 )
             )

@@ -8,18 +8,18 @@ from datetime import datetime, timedelta
 
 from monitor.models import Region, Route, Task
 from monitor.pages.common import Range
-from monitor.pages.overview import STATUS_UNKNOWN, budget_status, stale_after
 from monitor.stats import rollups, selection
 from monitor.stats.rollups import Stats
 
-# metric key -> (label, unit, which budget colours it)
-METRICS: dict[str, tuple[str, str, str]] = {
-    "ttft_p50": ("TTFT p50", "ms", ""),
-    "ttft_p95": ("TTFT p95", "ms", "ttft"),
-    "e2e_p50": ("e2e p50", "ms", ""),
-    "e2e_p95": ("e2e p95", "ms", "e2e"),
-    "tps_p50": ("speed p50", "tps", ""),
-    "error_rate": ("error rate", "pct", ""),
+# metric key -> (label, unit); a metric the task sets a budget on is coloured by it
+# (Task.budget_status).
+METRICS: dict[str, tuple[str, str]] = {
+    "ttft_p50": ("TTFT p50", "ms"),
+    "ttft_p95": ("TTFT p95", "ms"),
+    "e2e_p50": ("e2e p50", "ms"),
+    "e2e_p95": ("e2e p95", "ms"),
+    "tps_p50": ("speed p50", "tps"),
+    "error_rate": ("error rate", "pct"),
 }
 DEFAULT_METRIC = "ttft_p95"
 
@@ -90,35 +90,26 @@ def build(task: Task, metric: str, window: Range, now: datetime) -> Matrix:
             ["route_id"],
             histograms=False,
         ).items()
+        if k[0] is not None
     }
-    limit = stale_after(task)
     winners: dict[int, int | None] = {}
     for g in regions:
-        latency = {
-            r.pk: per_cell[(r.pk, g.pk)]
-            for r in routes
-            if (r.pk, g.pk) in per_cell
-            and (last := per_cell[(r.pk, g.pk)].last_probe_at) is not None
-            and now - last <= limit
-        }
-        choice = selection.choose(task, routes, latency, quality)  # type: ignore[arg-type]
+        latency = {r.pk: per_cell[(r.pk, g.pk)] for r in routes if (r.pk, g.pk) in per_cell}
+        choice = selection.choose(task, routes, selection.fresh(task, latency, now), quality)
         winners[g.pk] = choice.winner.route.pk if choice.winner else None
-    budget_kind = METRICS[metric][2]
-    budget = {"ttft": task.ttft_p95_budget_ms, "e2e": task.e2e_p95_budget_ms}.get(budget_kind)
     rows = []
     for r in routes:
         cells = []
         for g in regions:
             stats = per_cell.get((r.pk, g.pk))
             value = value_of(stats, metric)
-            last = stats.last_probe_at if stats else None
             cells.append(
                 MatrixCell(
                     region=g,
                     value=value,
-                    status=budget_status(value, budget) if budget_kind else STATUS_UNKNOWN,
+                    status=task.budget_status(metric, value),
                     winner=winners.get(g.pk) == r.pk,
-                    stale=last is None or now - last > limit,
+                    stale=not task.is_fresh(stats.last_probe_at if stats else None, now),
                     probes=stats.count if stats else 0,
                 )
             )

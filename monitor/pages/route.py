@@ -33,7 +33,6 @@ from monitor.models import (
     Task,
 )
 from monitor.pages.common import Range
-from monitor.pages.overview import stale_after
 from monitor.stats import hist, rollups
 from monitor.stats.rollups import Stats
 
@@ -495,18 +494,14 @@ def build(
         ).filter(route=route, task=task),
         ["route_id"],
     ).get((route.pk,))
-    limit = stale_after(task)
-
-    def is_stale(s: Stats) -> bool:
-        return s.last_probe_at is None or now - s.last_probe_at > limit
-
     summaries = []
     by_region: dict[int | None, Stats] = {k[0]: s for k, s in per_region.items()}
     for g in regions:
         if g.pk in by_region:
-            summaries.append(RegionSummary(g, by_region[g.pk], is_stale(by_region[g.pk])))
+            stats = by_region[g.pk]
+            summaries.append(RegionSummary(g, stats, not task.is_fresh(stats.last_probe_at, now)))
     if merged is not None:
-        summaries.append(RegionSummary(None, merged, is_stale(merged)))
+        summaries.append(RegionSummary(None, merged, not task.is_fresh(merged.last_probe_at, now)))
     selected = by_region.get(region.pk) if region is not None else merged
     kinds = sorted((selected.error_kinds if selected else {}).items(), key=lambda kv: -kv[1])
     probe = median_probe(route, task, region, now)

@@ -10,10 +10,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypedDict
 
-from monitor.models import Region, Route, Task
+from monitor.models import METRIC_E2E_P95, METRIC_TTFT_P95, Region, Route, Task
 from monitor.pages import whatif as pages_whatif
 from monitor.pages.common import Range
-from monitor.pages.overview import budget_status, stale_after
 from monitor.stats import rollups, selection
 from monitor.stats.rollups import Stats
 
@@ -140,15 +139,10 @@ def build(
             for k, s in rollups.stats_by(quality_qs, ["route_id"], histograms=False).items()
             if k[0] is not None
         }
-    limit = stale_after(task)
-    fresh = {
-        pk: s for pk, s in latency.items() if s.last_probe_at and now - s.last_probe_at <= limit
-    }
-    choice = selection.choose(task, routes, fresh, quality)
+    choice = selection.choose(task, routes, selection.fresh(task, latency, now), quality)
     rows = []
     for i, c in enumerate(choice.candidates, start=1):
         stats = latency.get(c.route.pk)
-        last = stats.last_probe_at if stats else None
         rows.append(
             RouteRow(
                 rank=i,
@@ -156,13 +150,11 @@ def build(
                 candidate=c,
                 stats=stats,
                 is_winner=choice.winner is not None and choice.winner.route.pk == c.route.pk,
-                stale=last is None or now - last > limit,
-                ttft_status=budget_status(
-                    stats.ttft_ms(95) if stats else None, task.ttft_p95_budget_ms
+                stale=not task.is_fresh(stats.last_probe_at if stats else None, now),
+                ttft_status=task.budget_status(
+                    METRIC_TTFT_P95, stats.ttft_ms(95) if stats else None
                 ),
-                e2e_status=budget_status(
-                    stats.e2e_ms(95) if stats else None, task.e2e_p95_budget_ms
-                ),
+                e2e_status=task.budget_status(METRIC_E2E_P95, stats.e2e_ms(95) if stats else None),
             )
         )
     y_label, bar = Y_PASSING, None

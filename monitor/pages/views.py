@@ -1,5 +1,6 @@
-"""Dashboard views: thin and typed. Each parses its request, calls a builder from
-monitor.pages.overview / monitor.pages_* and renders one template (or, for htmx, one partial)."""
+"""Dashboard views: thin and typed. Each parses its request, calls its page's builder
+(monitor.pages.overview, .task, .route, ...) and renders one template (or, for htmx, one
+partial)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Max
+from django.db.models import Max, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
@@ -50,6 +51,12 @@ def _region(slug: str | None, task: Task | None = None) -> Region | None:
         return None
     qs = task.regions.all() if task is not None else Region.objects.all()
     return qs.filter(slug=slug).first()
+
+
+def _task(request: HtmxHttpRequest, tasks: QuerySet[Task]) -> Task | None:
+    """The task named by ?task=, else the first of `tasks` (None when there are none)."""
+    slug = request.GET.get("task")
+    return (tasks.filter(slug=slug).first() if slug else None) or tasks.first()
 
 
 def _last_probe_at() -> datetime | None:
@@ -105,9 +112,7 @@ def task_detail(request: HtmxHttpRequest, slug: str) -> HttpResponse:
 @readonly_page
 def route_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     route = get_object_or_404(Route.objects.select_related("provider"), pk=pk)
-    tasks = route.tasks.filter(is_active=True).order_by("name")
-    task_slug = request.GET.get("task")
-    task = (tasks.filter(slug=task_slug).first() if task_slug else None) or tasks.first()
+    task = _task(request, route.tasks.filter(is_active=True).order_by("name"))
     region = _region(request.GET.get("region"), task) if task else None
     window = parse_range(request.GET)
     now = timezone.now()
@@ -123,8 +128,7 @@ def route_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 @readonly_page
 def regions(request: HtmxHttpRequest) -> HttpResponse:
     tasks = Task.objects.filter(is_active=True).order_by("name")
-    task_slug = request.GET.get("task")
-    task = (tasks.filter(slug=task_slug).first() if task_slug else None) or tasks.first()
+    task = _task(request, tasks)
     window = parse_range(request.GET)
     metric = request.GET.get("metric") or pages_regions.DEFAULT_METRIC
     now = timezone.now()
@@ -161,8 +165,7 @@ def probe_log(request: HtmxHttpRequest) -> HttpResponse:
 @readonly_page
 def races(request: HtmxHttpRequest) -> HttpResponse:
     tasks = Task.objects.filter(is_active=True).order_by("name")
-    task_slug = request.GET.get("task")
-    task = (tasks.filter(slug=task_slug).first() if task_slug else None) or tasks.first()
+    task = _task(request, tasks)
     region = _region(request.GET.get("region"), task) if task else None
     window = parse_range(request.GET)
     ctx = {

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, NamedTuple
@@ -59,11 +59,15 @@ def bucket_start(when: datetime, grain: str) -> datetime:
 
 
 @dataclass
-class _Delta:
+class Counters:
+    """The rollup columns that add up: over probes at ingest (the UPSERT adds them to a row's),
+    over rows when reading. Declared here once: the UPSERT's columns and sums, the reads' sums,
+    the ingest delta and Stats all derive from it (COUNTERS). The Rollup model's fields of the
+    same names are the table's schema (tests/monitor/test_domain_rules.py pins the two)."""
+
     count_ok: int = 0
     count_error: int = 0
     count_missed: int = 0
-    error_kinds: Counter[str] = field(default_factory=Counter)
     graded: int = 0
     passed: int = 0
     cache_reported: int = 0
@@ -72,6 +76,18 @@ class _Delta:
     output_tokens: int = 0
     cached_tokens: int = 0
     cost_usd: Decimal = Decimal("0")
+
+    @property
+    def count(self) -> int:
+        return self.count_ok + self.count_error + self.count_missed
+
+
+COUNTERS = tuple(f.name for f in fields(Counters))
+
+
+@dataclass
+class _Delta(Counters):
+    error_kinds: Counter[str] = field(default_factory=Counter)
     ttft: list[float] = field(default_factory=list)
     e2e: list[float] = field(default_factory=list)
     tps: list[float] = field(default_factory=list)
@@ -108,29 +124,13 @@ class _Delta:
             self.last_probe_at = r.started_at
 
 
-_COLUMNS = (
-    "grain, bucket_start, task_id, route_id, region_id, count_ok, count_error, count_missed, "
-    "error_kinds, graded, passed, cache_reported, cache_hits, input_tokens, output_tokens, "
-    "cached_tokens, cost_usd, ttft_hist, e2e_hist, tps_hist, last_probe_at"
-)
-# Rollup columns that add up (in the UPSERT, and across rows when reading).
-_SUMMED = (
-    "count_ok",
-    "count_error",
-    "count_missed",
-    "graded",
-    "passed",
-    "cache_reported",
-    "cache_hits",
-    "input_tokens",
-    "output_tokens",
-    "cached_tokens",
-    "cost_usd",
-)
+_KEY_COLUMNS = ("grain", "bucket_start", "task_id", "route_id", "region_id")
+_HISTOGRAMS = ("ttft_hist", "e2e_hist", "tps_hist")
+_COLUMNS = ", ".join((*_KEY_COLUMNS, *COUNTERS, "error_kinds", *_HISTOGRAMS, "last_probe_at"))
 _UPSERT = f"""
 INSERT INTO monitor_rollup ({_COLUMNS}) VALUES {{values}}
-ON CONFLICT (grain, bucket_start, task_id, route_id, region_id) DO UPDATE SET
-  {", ".join(f"{c} = monitor_rollup.{c} + EXCLUDED.{c}" for c in _SUMMED)},
+ON CONFLICT ({", ".join(_KEY_COLUMNS)}) DO UPDATE SET
+  {", ".join(f"{c} = monitor_rollup.{c} + EXCLUDED.{c}" for c in COUNTERS)},
   error_kinds = (
     SELECT coalesce(jsonb_object_agg(k, n), '{{}}'::jsonb) FROM (
       SELECT k, sum(v::int) AS n FROM (
@@ -139,12 +139,18 @@ ON CONFLICT (grain, bucket_start, task_id, route_id, region_id) DO UPDATE SET
       ) AS kinds(k, v) GROUP BY k
     ) AS summed
   ),
-  ttft_hist = rw_pairs_add(monitor_rollup.ttft_hist, EXCLUDED.ttft_hist),
-  e2e_hist = rw_pairs_add(monitor_rollup.e2e_hist, EXCLUDED.e2e_hist),
-  tps_hist = rw_pairs_add(monitor_rollup.tps_hist, EXCLUDED.tps_hist),
+  {", ".join(f"{c} = rw_pairs_add(monitor_rollup.{c}, EXCLUDED.{c})" for c in _HISTOGRAMS)},
   last_probe_at = GREATEST(monitor_rollup.last_probe_at, EXCLUDED.last_probe_at)
 """
-_ROW = "(" + ", ".join(["%s"] * 8) + ", %s::jsonb, " + ", ".join(["%s"] * 12) + ")"
+_ROW = (
+    "("
+    + ", ".join(
+        ["%s"] * (len(_KEY_COLUMNS) + len(COUNTERS))
+        + ["%s::jsonb"]
+        + ["%s"] * (len(_HISTOGRAMS) + 1)
+    )
+    + ")"
+)
 
 
 def apply(results: Iterable[ResultRow]) -> int:
@@ -167,17 +173,10 @@ def apply(results: Iterable[ResultRow]) -> int:
     for key in sorted(deltas, key=lambda k: (k[0], k[1], k[2], k[3], k[4] or 0)):
         d = deltas[key]
         params.extend(key)
-        params.extend([d.count_ok, d.count_error, d.count_missed, json.dumps(d.error_kinds)])
+        params.extend(getattr(d, name) for name in COUNTERS)
         params.extend(
             [
-                d.graded,
-                d.passed,
-                d.cache_reported,
-                d.cache_hits,
-                d.input_tokens,
-                d.output_tokens,
-                d.cached_tokens,
-                d.cost_usd,
+                json.dumps(d.error_kinds),
                 hist.build(d.ttft, hist.MS),
                 hist.build(d.e2e, hist.MS),
                 hist.build(d.tps, hist.TPS),
@@ -191,30 +190,15 @@ def apply(results: Iterable[ResultRow]) -> int:
 
 
 @dataclass
-class Stats:
+class Stats(Counters):
     """Merged rollups over a window, for one (task, route, region or all regions)."""
 
-    count_ok: int = 0
-    count_error: int = 0
-    count_missed: int = 0
     error_kinds: dict[str, int] = field(default_factory=dict)
-    graded: int = 0
-    passed: int = 0
-    cache_reported: int = 0
-    cache_hits: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cached_tokens: int = 0
-    cost_usd: Decimal = Decimal("0")
     # {bucket: count}, merged from the rows' pairs arrays (monitor.stats.hist)
     ttft_counts: dict[int, int] = field(default_factory=dict)
     e2e_counts: dict[int, int] = field(default_factory=dict)
     tps_counts: dict[int, int] = field(default_factory=dict)
     last_probe_at: datetime | None = None
-
-    @property
-    def count(self) -> int:
-        return self.count_ok + self.count_error + self.count_missed
 
     @property
     def error_rate(self) -> float | None:
@@ -252,17 +236,33 @@ class Stats:
 
     def add_row(self, row: Rollup) -> None:
         """Fold one rollup row in (reads of many rows go through stats_by, in SQL)."""
-        for name in _SUMMED:
+        for name in COUNTERS:
             setattr(self, name, getattr(self, name) + getattr(row, name))
         for kind, n in row.error_kinds.items():
             self.error_kinds[kind] = self.error_kinds.get(kind, 0) + int(n)
         hist.add_into(self.ttft_counts, row.ttft_hist)
         hist.add_into(self.e2e_counts, row.e2e_hist)
         hist.add_into(self.tps_counts, row.tps_hist)
-        if row.last_probe_at and (
-            self.last_probe_at is None or row.last_probe_at > self.last_probe_at
+        self._seen(row.last_probe_at)
+
+    def add(self, other: Stats) -> None:
+        """Fold another window's or key's stats in (e.g. a task's routes into its total)."""
+        for name in COUNTERS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for kind, n in other.error_kinds.items():
+            self.error_kinds[kind] = self.error_kinds.get(kind, 0) + n
+        for mine, theirs in (
+            (self.ttft_counts, other.ttft_counts),
+            (self.e2e_counts, other.e2e_counts),
+            (self.tps_counts, other.tps_counts),
         ):
-            self.last_probe_at = row.last_probe_at
+            for bucket, n in theirs.items():
+                mine[bucket] = mine.get(bucket, 0) + n
+        self._seen(other.last_probe_at)
+
+    def _seen(self, last_probe_at: datetime | None) -> None:
+        if last_probe_at and (self.last_probe_at is None or last_probe_at > self.last_probe_at):
+            self.last_probe_at = last_probe_at
 
 
 def _pairs(counts: dict[int, int]) -> hist.Pairs:
@@ -301,7 +301,7 @@ def stats_by(
     row per key, not one per hour: this is the hot path of every page. Without
     `histograms`, only counts are read (enough for pass rates and error rates)."""
     aggregates: dict[str, Aggregate] = {
-        **{f"s_{name}": Sum(name) for name in _SUMMED},
+        **{f"s_{name}": Sum(name) for name in COUNTERS},
         "s_error_kinds": JSONBAgg("error_kinds", filter=~Q(error_kinds={})),
         "s_last_probe_at": Max("last_probe_at"),
     }
@@ -312,7 +312,7 @@ def stats_by(
     merged: dict[tuple[int | None, ...], Stats] = {}
     for row in qs.order_by().values(*key_fields).annotate(**aggregates):
         stats = Stats()
-        for name in _SUMMED:
+        for name in COUNTERS:
             setattr(stats, name, row[f"s_{name}"] or 0)
         for kinds in row["s_error_kinds"] or []:
             for kind, n in kinds.items():

@@ -19,12 +19,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
+from typing import TypeVar
 
-from monitor.models import Route, Task
+from django.db.models import QuerySet
+
+from monitor.models import GRAIN_HOUR, Region, Rollup, Route, Task
+from monitor.stats import rollups
 from monitor.stats.rollups import Stats
 
 MIN_GRADED = 10
+
+K = TypeVar("K")
 
 REASON_QUALITY = "below the quality bar"
 REASON_UNGRADED = "too few graded probes"
@@ -67,6 +74,46 @@ def quality_verdict(task: Task, route: Route, quality: Stats | None) -> tuple[bo
         if quality.pass_rate < task.min_pass_rate:
             return False, REASON_QUALITY
     return True, ""
+
+
+@dataclass
+class Window:
+    """Tasks' route stats over [since, until) from the hourly rollups, read once for many
+    choices: per region (latency) and all regions merged (quality; counts only)."""
+
+    per_region: dict[tuple[int | None, ...], Stats]
+    per_route: dict[tuple[int | None, ...], Stats]
+
+    @classmethod
+    def read(
+        cls, since: datetime, until: datetime, task_ids: Sequence[int] | None = None
+    ) -> Window:
+        """Every task's rows, or only those of `task_ids`."""
+
+        def rows(all_regions: bool) -> QuerySet[Rollup]:
+            qs = rollups.rows(since=since, until=until, grain=GRAIN_HOUR, all_regions=all_regions)
+            return qs if task_ids is None else qs.filter(task_id__in=task_ids)
+
+        return cls(
+            per_region=rollups.stats_by(rows(False), ["task_id", "route_id", "region_id"]),
+            per_route=rollups.stats_by(rows(True), ["task_id", "route_id"], histograms=False),
+        )
+
+    def quality(self, task: Task, routes: Sequence[Route]) -> dict[int, Stats]:
+        """Per route id, all regions merged: `choose`'s quality."""
+        keys = ((r.pk, (task.pk, r.pk)) for r in routes)
+        return {pk: self.per_route[key] for pk, key in keys if key in self.per_route}
+
+    def latency(self, task: Task, routes: Sequence[Route], region: Region) -> dict[int, Stats]:
+        """Per route id, in one region: `choose`'s latency."""
+        keys = ((r.pk, (task.pk, r.pk, region.pk)) for r in routes)
+        return {pk: self.per_region[key] for pk, key in keys if key in self.per_region}
+
+
+def fresh(task: Task, latency: Mapping[K, Stats], now: datetime) -> dict[K, Stats]:
+    """Only the figures probed recently (Task.is_fresh): a route with nothing recent in a
+    region cannot be its fastest."""
+    return {key: s for key, s in latency.items() if task.is_fresh(s.last_probe_at, now)}
 
 
 def choose(

@@ -9,21 +9,17 @@ from urllib.parse import urlencode
 from django import template
 from django.utils.html import format_html, format_html_join
 
+from monitor.models import BUDGET_STATUSES, STATUS_UNKNOWN
 from monitor.templatetags.rw import ms
 
 register = template.Library()
 
-STATUS_LABELS = {
-    "ok": "within budget",
-    "near": "near budget",
-    "over": "over budget",
-    "unknown": "no budget data",
-}
+STATUS_LABELS = dict(BUDGET_STATUSES)
 
 
 @register.filter
 def status_label(status: str) -> str:
-    return STATUS_LABELS.get(status, STATUS_LABELS["unknown"])
+    return STATUS_LABELS.get(status, STATUS_LABELS[STATUS_UNKNOWN])
 
 
 @register.filter

@@ -41,11 +41,6 @@ KEYS = {
 
 
 @pytest.fixture
-def teammate(django_user_model: type[User]) -> User:
-    return django_user_model.objects.create_user("teammate", "t@example.com", "pw-teammate-1")
-
-
-@pytest.fixture
 def staff(django_user_model: type[User]) -> User:
     return django_user_model.objects.create_user(
         "staffer", "s@example.com", "pw-staff-1", is_staff=True

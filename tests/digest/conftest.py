@@ -1,4 +1,5 @@
-"""Digest tests: three users, a real SMTP server on loopback, and a fortnight of seeded results.
+"""Digest tests: a real SMTP server on loopback and a fortnight of seeded results (the three
+users, owner, teammate and outsider, are tests/conftest.py's).
 
 The seeded fortnight (ingested through monitor.pipeline.ingest, so the rollups are real), for the task
 "Summarise" (fastest by e2e p50; budgets TTFT p95 600 ms, e2e p95 3000 ms), with routes
@@ -129,21 +130,6 @@ def subscribe(
     sub.reschedule(WEEK_END - timedelta(days=6))
     sub.save()
     return sub
-
-
-@pytest.fixture
-def owner(django_user_model: type[User]) -> User:
-    return django_user_model.objects.create_user("owner", "owner@example.com", "pw-owner-1")
-
-
-@pytest.fixture
-def teammate(django_user_model: type[User]) -> User:
-    return django_user_model.objects.create_user("teammate", "teammate@example.com", "pw-team-1")
-
-
-@pytest.fixture
-def outsider(django_user_model: type[User]) -> User:
-    return django_user_model.objects.create_user("outsider", "outsider@example.com", "pw-out-1")
 
 
 @dataclass

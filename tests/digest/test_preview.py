@@ -11,7 +11,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
-from monitor.digest import report as digest
+from monitor.digest import sending
 from monitor.models import Task
 from tests.browser import artifact, chromium
 from tests.digest.conftest import NOW, WEEK_END, Inbox, Scenario, html_of, subscribe
@@ -82,7 +82,7 @@ def test_the_html_digest_renders_in_chromium_with_its_figures(
     smtp: Inbox, scenario: Scenario, owner: User
 ) -> None:
     subscribe(owner)
-    digest.send_due(NOW)
+    sending.send_due(NOW)
     html = html_of(smtp.to("owner@example.com")[0])
     # What mail clients need: no scripts, no stylesheets or external images, no classes.
     assert not re.search(r"<script|<link|<img|<style|class=", html)

@@ -17,7 +17,7 @@ from django.test import Client
 from django.urls import reverse
 
 from monitor.celery import app
-from monitor.digest import report as digest
+from monitor.digest import sending
 from monitor.models import Subscription, Task
 from tests.digest.conftest import (
     NEXT_WEEK,
@@ -60,8 +60,8 @@ def test_due_subscribers_each_receive_exactly_one_digest_with_the_seeded_figures
     unsubscribed.reschedule(NOW)
     unsubscribed.save()
 
-    assert digest.send_due(NOW) == digest.SendSummary(sent=2)
-    assert digest.send_due(NOW + timedelta(minutes=5)) == digest.SendSummary()
+    assert sending.send_due(NOW) == sending.SendSummary(sent=2)
+    assert sending.send_due(NOW + timedelta(minutes=5)) == sending.SendSummary()
 
     assert len(smtp) == 2
     assert len(smtp.to("owner@example.com")) == 1
@@ -116,7 +116,7 @@ def test_digests_carry_one_click_unsubscribe_headers_that_work_without_a_session
     smtp: Inbox, scenario: Scenario, owner: User
 ) -> None:
     subscribe(owner)
-    digest.send_due(NOW)
+    sending.send_due(NOW)
     message = smtp.to("owner@example.com")[0]
     assert message["List-Unsubscribe-Post"] == "List-Unsubscribe=One-Click"
     url = str(message["List-Unsubscribe"]).strip().removeprefix("<").removesuffix(">")
@@ -137,7 +137,7 @@ def test_digests_carry_one_click_unsubscribe_headers_that_work_without_a_session
     assert sub.is_active is False
     assert sub.next_send_at is None
 
-    assert digest.send_due(NEXT_WEEK + timedelta(minutes=1)) == digest.SendSummary()
+    assert sending.send_due(NEXT_WEEK + timedelta(minutes=1)) == sending.SendSummary()
     assert len(smtp.to("owner@example.com")) == 1
 
 
@@ -154,13 +154,13 @@ def test_two_concurrent_senders_still_send_each_digest_once(
     # A slow SMTP server keeps both senders busy at once, so their claims interleave.
     smtp.delay_s = 0.05
     start = threading.Barrier(2)
-    summaries: list[digest.SendSummary] = []
+    summaries: list[sending.SendSummary] = []
     errors: list[BaseException] = []
 
     def sender() -> None:
         try:
             start.wait()
-            summaries.append(digest.send_due(NOW))
+            summaries.append(sending.send_due(NOW))
         except BaseException as exc:
             errors.append(exc)
         finally:
@@ -189,16 +189,16 @@ def test_a_digest_the_smtp_server_refuses_is_retried_later_and_sent_once(
     sub = subscribe(owner)
     smtp.refuse_next = 1
 
-    assert digest.send_due(NOW) == digest.SendSummary(failed=1)
+    assert sending.send_due(NOW) == sending.SendSummary(failed=1)
     sub.refresh_from_db()
-    assert sub.next_send_at == NOW + digest.RETRY_DELAYS[0]
+    assert sub.next_send_at == NOW + sending.RETRY_DELAYS[0]
     assert sub.send_attempts == 1
     assert sub.last_error.startswith("SMTPDataError")
     assert len(smtp) == 0
 
-    assert digest.send_due(NOW + timedelta(minutes=1)) == digest.SendSummary()
-    assert digest.send_due(NOW + digest.RETRY_DELAYS[0]) == digest.SendSummary(sent=1)
-    assert digest.send_due(NOW + timedelta(minutes=30)) == digest.SendSummary()
+    assert sending.send_due(NOW + timedelta(minutes=1)) == sending.SendSummary()
+    assert sending.send_due(NOW + sending.RETRY_DELAYS[0]) == sending.SendSummary(sent=1)
+    assert sending.send_due(NOW + timedelta(minutes=30)) == sending.SendSummary()
 
     assert len(smtp.to("owner@example.com")) == 1
     # The retry reports on the same week as the first attempt would have.
@@ -207,7 +207,7 @@ def test_a_digest_the_smtp_server_refuses_is_retried_later_and_sent_once(
     assert sub.next_send_at == NEXT_WEEK
     assert sub.send_attempts == 0
     assert sub.last_error == ""
-    assert sub.last_sent_at == NOW + digest.RETRY_DELAYS[0]
+    assert sub.last_sent_at == NOW + sending.RETRY_DELAYS[0]
 
 
 def test_an_unreachable_smtp_server_is_retried_with_back_off_then_the_week_is_given_up(
@@ -218,19 +218,19 @@ def test_an_unreachable_smtp_server_is_retried_with_back_off_then_the_week_is_gi
     settings.EMAIL_PORT = free_port()  # type: ignore[attr-defined]  # nothing listens there
     sub = subscribe(owner)
     when = NOW
-    for attempt, delay in enumerate(digest.RETRY_DELAYS, start=1):
-        assert digest.send_due(when) == digest.SendSummary(failed=1)
+    for attempt, delay in enumerate(sending.RETRY_DELAYS, start=1):
+        assert sending.send_due(when) == sending.SendSummary(failed=1)
         sub.refresh_from_db()
         assert sub.send_attempts == attempt
         assert sub.next_send_at == when + delay
         assert "ConnectionRefusedError" in sub.last_error
         when = sub.next_send_at
 
-    assert digest.send_due(when) == digest.SendSummary(failed=1)
+    assert sending.send_due(when) == sending.SendSummary(failed=1)
     sub.refresh_from_db()
     assert sub.next_send_at == NEXT_WEEK
     assert sub.send_attempts == 0
-    assert sub.last_error.startswith(f"gave up after {digest.MAX_ATTEMPTS} attempts")
+    assert sub.last_error.startswith(f"gave up after {sending.MAX_ATTEMPTS} attempts")
     assert sub.last_sent_at is None
 
 
@@ -239,10 +239,10 @@ def test_a_digest_whose_sender_died_mid_send_is_retried_once_its_lease_runs_out(
 ) -> None:
     sub = subscribe(owner)
     # The state a sender leaves when it dies after claiming: a lease and one attempt.
-    Subscription.objects.filter(pk=sub.pk).update(next_send_at=NOW + digest.LEASE, send_attempts=1)
+    Subscription.objects.filter(pk=sub.pk).update(next_send_at=NOW + sending.LEASE, send_attempts=1)
 
-    assert digest.send_due(NOW + digest.LEASE - timedelta(seconds=1)) == digest.SendSummary()
-    assert digest.send_due(NOW + digest.LEASE) == digest.SendSummary(sent=1)
+    assert sending.send_due(NOW + sending.LEASE - timedelta(seconds=1)) == sending.SendSummary()
+    assert sending.send_due(NOW + sending.LEASE) == sending.SendSummary(sent=1)
     assert len(smtp.to("owner@example.com")) == 1
     sub.refresh_from_db()
     assert sub.next_send_at == NEXT_WEEK
@@ -256,7 +256,7 @@ def test_subscribers_not_yet_due_or_without_an_address_receive_nothing(
     teammate.save()
     no_address = subscribe(teammate)
 
-    assert digest.send_due(NOW) == digest.SendSummary(failed=1)
+    assert sending.send_due(NOW) == sending.SendSummary(failed=1)
     assert len(smtp) == 0
     later.refresh_from_db()
     assert later.next_send_at == WEEK_END + timedelta(hours=1)
@@ -312,7 +312,7 @@ def test_provider_supplied_text_is_escaped_in_the_html_digest(
     scenario.fast.display_name = bad
     scenario.fast.save()
     subscribe(owner)
-    digest.send_due(NOW)
+    sending.send_due(NOW)
     message = smtp.to("owner@example.com")[0]
     html = html_of(message)
     assert bad not in html
@@ -324,7 +324,7 @@ def test_links_are_absolute_and_point_at_the_task_and_route_pages(
     smtp: Inbox, scenario: Scenario, owner: User, settings: object
 ) -> None:
     subscribe(owner)
-    digest.send_due(NOW)
+    sending.send_due(NOW)
     message = smtp.to("owner@example.com")[0]
     site = settings.SITE_URL  # type: ignore[attr-defined]
     task_url = site + reverse("rw-task", args=[scenario.task.slug])
@@ -341,7 +341,7 @@ def test_the_demo_file_backend_writes_each_digest_to_a_file(
     settings.EMAIL_BACKEND = "django.core.mail.backends.filebased.EmailBackend"  # type: ignore[attr-defined]
     settings.EMAIL_FILE_PATH = str(tmp_path)  # type: ignore[attr-defined]
     subscribe(owner)
-    assert digest.send_due(NOW) == digest.SendSummary(sent=1)
+    assert sending.send_due(NOW) == sending.SendSummary(sent=1)
     [written] = list(tmp_path.iterdir())
     content = written.read_text()
     assert "Subject: Routewatch weekly: 1 task, 2 route changes, 2 regressions" in content

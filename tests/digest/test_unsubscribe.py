@@ -10,13 +10,13 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
-from monitor.digest import report as digest
+from monitor.digest import sending
 from monitor.models import Subscription
 from tests.digest.conftest import NOW, subscribe
 
 
 def _url(sub: Subscription) -> str:
-    return reverse("rw-digest-unsubscribe", args=[digest.unsubscribe_token(sub)])
+    return reverse("rw-digest-unsubscribe", args=[sending.unsubscribe_token(sub)])
 
 
 def test_following_the_link_shows_a_confirm_form_and_changes_nothing(
@@ -46,7 +46,7 @@ def test_posting_the_confirm_form_unsubscribes_without_a_login(owner: User) -> N
 def test_a_tampered_link_is_refused(client: Client, owner: User, teammate: User) -> None:
     sub = subscribe(owner)
     other = subscribe(teammate)
-    token = digest.unsubscribe_token(sub)
+    token = sending.unsubscribe_token(sub)
     # Someone swaps in another subscription's id but keeps the signature.
     forged = f"{other.pk}:{token.split(':', 1)[1]}"
     for bad in (forged, token[:-2] + "xx", "garbage"):

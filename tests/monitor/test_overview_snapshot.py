@@ -12,7 +12,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from monitor.models import OverviewSnapshot
+from monitor.models import STATUS_OK, STATUS_UNKNOWN, OverviewSnapshot
 from monitor.pages import overview
 from monitor.pipeline import ingest
 from monitor.tasks import refresh_overview
@@ -65,7 +65,7 @@ def test_the_snapshot_reads_back_exactly_what_was_built(world) -> None:
     assert cell.last_probe_at is not None
     assert cell.ttft_p50_ms == pytest.approx(200, rel=0.03)
     assert cell.stale is False
-    assert cell.overall_status == overview.STATUS_OK
+    assert cell.overall_status == STATUS_OK
 
 
 def test_staleness_is_judged_at_the_time_of_the_read(world) -> None:
@@ -76,10 +76,9 @@ def test_staleness_is_judged_at_the_time_of_the_read(world) -> None:
     # The snapshot is rebuilt when a read comes after the refresh interval, so read it as
     # beat left it, a moment before the cell's stale bound.
     snapshot = OverviewSnapshot.objects.get()
-    stale_after = overview.stale_after(t)
-    read = overview.Overview.from_json(snapshot.data).at(now + stale_after)
+    read = overview.Overview.from_json(snapshot.data).at(now + t.stale_after())
     assert read.rows[0].cells[0].stale is True
-    assert read.rows[0].cells[0].overall_status == overview.STATUS_UNKNOWN
+    assert read.rows[0].cells[0].overall_status == STATUS_UNKNOWN
 
 
 @pytest.mark.parametrize("change", ["rename task", "drop route", "add region"])

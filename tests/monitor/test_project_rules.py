@@ -50,3 +50,25 @@ def test_the_compose_file_is_valid(tmp_path) -> None:
     ).stdout.split()
     for name in ["postgres", "redis", "web", "beat", "ingest", "worker-us-east"]:
         assert name in services
+
+
+def _importers(package: str, targets: tuple[str, ...]) -> list[str]:
+    pattern = re.compile(
+        r"^\s*(from|import)\s+monitor(\.("
+        + "|".join(targets)
+        + r")\b|\s+import\s+.*\b("
+        + "|".join(targets)
+        + r")\b)",
+        re.MULTILINE,
+    )
+    return [
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "monitor" / package).rglob("*.py")
+        if pattern.search(path.read_text())
+    ]
+
+
+def test_imports_point_down_only() -> None:
+    assert _importers("digest", ("pages",)) == []
+    assert _importers("stats", ("pages", "digest")) == []
+    assert _importers("pipeline", ("pages", "digest")) == []

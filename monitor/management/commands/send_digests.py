@@ -5,7 +5,7 @@ from typing import Any
 from django.core.management.base import BaseCommand
 from django.utils import timezone
 
-from monitor.digest import report as digest
+from monitor.digest import report, sending
 
 
 class Command(BaseCommand):
@@ -22,17 +22,17 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         now = timezone.now()
         if not options["dry_run"]:
-            summary = digest.send_due(now)
+            summary = sending.send_due(now)
             self.stdout.write(
                 f"Sent {summary.sent}, failed {summary.failed} (retried later), "
                 f"skipped {summary.skipped} (claimed by another sender)."
             )
             return
-        subscriptions = list(digest.due(now))
+        subscriptions = list(sending.due(now))
         for sub in subscriptions:
-            period = digest.period_ending(sub.previous_slot(now))
-            tasks = list(digest.tasks_for(sub))
-            message = digest.digest_message(sub, period, digest.build_report(tasks, period))
+            period = report.period_ending(sub.previous_slot(now))
+            tasks = list(report.tasks_for(sub))
+            message = sending.digest_message(sub, period, report.build_report(tasks, period))
             to = sub.user.email or "(no e-mail address: would be skipped)"
             self.stdout.write(
                 f"would send to {to} [{sub.user.get_username()}]: {message.subject!r}; "
