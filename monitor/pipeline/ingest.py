@@ -228,7 +228,11 @@ def insert_rows(rows: Sequence[tuple[Any, ...]]) -> list[ResultRow]:
             f"SELECT {columns} FROM monitor_proberesult WITH NO DATA"
         )
         cursor.execute("TRUNCATE rw_ingest")
-        with cursor.cursor.copy(f"COPY rw_ingest ({columns}) FROM STDIN") as copy:
+        # psycopg's COPY, under Django's wrapper so its errors are Django's (write_rows).
+        with (
+            connection.wrap_database_errors,
+            cursor.cursor.copy(f"COPY rw_ingest ({columns}) FROM STDIN") as copy,
+        ):
             for row in rows:
                 copy.write_row(row)
         cursor.execute(
@@ -252,7 +256,8 @@ def _refusal(exc: DatabaseError) -> str:
 
 def _row_key(row: tuple[Any, ...]) -> str:
     task_id, route_id, region_id, slot_at = (row[i] for i in _KEY)
-    return f"{task_id}/{route_id}/{region_id} {slot_at.isoformat() if slot_at else '-'}"
+    shown = slot_at.isoformat() if isinstance(slot_at, datetime) else "-"
+    return f"{task_id}/{route_id}/{region_id} {shown}"
 
 
 def write_rows(rows: Sequence[tuple[Any, ...]]) -> tuple[list[ResultRow], int]:

@@ -364,7 +364,13 @@ def _check(value: object, expected: Any, path: str) -> None:
         return
     origin = get_origin(expected)
     if origin in (Union, types.UnionType):
-        for arm in get_args(expected):
+        arms = [arm for arm in get_args(expected) if arm is not type(None)]
+        if value is None and len(arms) < len(get_args(expected)):
+            return
+        if len(arms) == 1 and (is_typeddict(arms[0]) or get_origin(arms[0]) in (dict, list)):
+            _check(value, arms[0], path)  # an optional object: say what inside it is wrong
+            return
+        for arm in arms:
             try:
                 _check(value, arm, path)
             except ContractError:
@@ -373,12 +379,11 @@ def _check(value: object, expected: Any, path: str) -> None:
         raise ContractError(f"{path}: expected {_name(expected)}, got {_kind(value)}")
     if is_typeddict(expected):
         obj = _object(value, path)
-        for key in expected.__required_keys__:
-            if key not in obj:
-                raise ContractError(f"{path}.{key}: missing")
-        for key, annotation in _hints(expected).items():
+        for key, annotation in _hints(expected).items():  # in the order they are declared
             if key in obj:
                 _check(obj[key], annotation, f"{path}.{key}")
+            elif key in expected.__required_keys__:
+                raise ContractError(f"{path}.{key}: missing")
         return
     if origin is dict:
         _, item = get_args(expected)

@@ -197,9 +197,14 @@ def ingest(data: object) -> bool:
     try:
         result = race_result_from_json(data)
         key = result["race"]
-        slot_at = datetime.fromisoformat(key["slot_at"])
-        started_at = datetime.fromisoformat(result["started_at"])
-    except (ContractError, ValueError) as exc:
+        try:
+            slot_at = datetime.fromisoformat(key["slot_at"])
+            started_at = datetime.fromisoformat(result["started_at"])
+        except ValueError:  # its message quotes the value
+            raise ContractError(
+                "race result: slot_at or started_at is not an ISO 8601 time"
+            ) from None
+    except ContractError as exc:
         log.warning("rejected a race result: %s", exc)
         count_rejected(1)
         return False
