@@ -242,7 +242,7 @@ def insert_rows(rows: Sequence[tuple[Any, ...]]) -> list[ResultRow]:
         return [ResultRow(*r) for r in cursor.fetchall()]
 
 
-def _refusal(exc: DatabaseError) -> str:
+def refusal(exc: DatabaseError) -> str:
     """Why the database refused a row, without the row's values (its messages quote them)."""
     cause = exc.__cause__
     diag = getattr(cause, "diag", None)
@@ -271,7 +271,7 @@ def write_rows(rows: Sequence[tuple[Any, ...]]) -> tuple[list[ResultRow], int]:
         log.warning(
             "bulk write of %d results refused (%s); writing them one by one",
             len(rows),
-            _refusal(exc),
+            refusal(exc),
         )
     inserted: list[ResultRow] = []
     refused = 0
@@ -282,7 +282,7 @@ def write_rows(rows: Sequence[tuple[Any, ...]]) -> tuple[list[ResultRow], int]:
         except DatabaseError as exc:
             refused += 1
             log.warning(
-                "rejected result %s: the database refused it (%s)", _row_key(row), _refusal(exc)
+                "rejected result %s: the database refused it (%s)", _row_key(row), refusal(exc)
             )
     return inserted, refused
 

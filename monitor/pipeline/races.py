@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import Max
 from django.utils import timezone
 
@@ -37,7 +37,7 @@ from monitor.models import (
     Route,
     Task,
 )
-from monitor.pipeline.ingest import INT_MAX, count_rejected
+from monitor.pipeline.ingest import INT_MAX, count_rejected, refusal
 from monitor.pipeline.messages import (
     RUN_RACE,
     ContractError,
@@ -209,8 +209,12 @@ def ingest(data: object) -> bool:
         count_rejected(1)
         return False
     lanes = result["lanes"]
+    # Lane names are route ids; one that is not a bigint names no route (and prices nothing).
     prices = {
-        str(r.pk): r for r in Route.objects.filter(pk__in=[int(k) for k in lanes if k.isdigit()])
+        str(r.pk): r
+        for r in Route.objects.filter(
+            pk__in=[int(k) for k in lanes if k.isdigit() and len(k) <= 18]
+        )
     }
     task = Task.objects.filter(pk=key["task_id"]).first()
     winner = result["winner_route_id"]
@@ -233,21 +237,27 @@ def ingest(data: object) -> bool:
         if route_id != str(winner):
             loser_cost += cost
             loser_tokens += tokens
-    updated = RaceRun.objects.filter(
-        task_id=key["task_id"],
-        region_id=key["region_id"],
-        slot_at=slot_at,
-        status=SLOT_DISPATCHED,
-    ).update(
-        status=SLOT_DONE,
-        started_at=started_at,
-        winner_id=int(winner) if winner and winner in prices else None,
-        winner_ms=_finite(result["winner_ms"]),
-        lanes=stored,
-        loser_tokens=min(loser_tokens, INT_MAX),
-        loser_cost_usd=min(loser_cost, _COST_MAX),
-        cost_usd=min(total, _COST_MAX),
-    )
+    try:
+        with transaction.atomic():
+            updated = RaceRun.objects.filter(
+                task_id=key["task_id"],
+                region_id=key["region_id"],
+                slot_at=slot_at,
+                status=SLOT_DISPATCHED,
+            ).update(
+                status=SLOT_DONE,
+                started_at=started_at,
+                winner_id=int(winner) if winner and winner in prices else None,
+                winner_ms=_finite(result["winner_ms"]),
+                lanes=stored,
+                loser_tokens=min(loser_tokens, INT_MAX),
+                loser_cost_usd=min(loser_cost, _COST_MAX),
+                cost_usd=min(total, _COST_MAX),
+            )
+    except DatabaseError as exc:
+        log.warning("rejected race result %s: the database refused it (%s)", key, refusal(exc))
+        count_rejected(1)
+        return False
     if not updated:
         log.info("race result for a closed race ignored: %s", key)
     return bool(updated)
