@@ -102,7 +102,8 @@ def _eval_spec(case: EvalCase) -> EvalSpec:
         "id": case.pk,
         "grader": case.grader,
         "expected": case.expected,
-        "json_schema": case.json_schema,
+        # Only the JSON schema grader needs one, and only it is checked to be an object.
+        "json_schema": case.json_schema if isinstance(case.json_schema, dict) else None,
         "tolerance": case.tolerance,
     }
 

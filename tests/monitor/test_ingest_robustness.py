@@ -14,6 +14,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from django.urls import reverse
 
 from monitor.models import GRAIN_HOUR, EvalCase, Heartbeat, ProbeResult, RaceRun, Rollup
 from monitor.pipeline import ingest, races
@@ -245,3 +246,18 @@ def test_a_race_result_that_does_not_match_is_rejected_counted_and_changes_nothi
     assert "many" not in caplog.text
     assert "soon" not in caplog.text
     assert all(r.levelno == logging.WARNING for r in caplog.records if "rejected" in r.message)
+
+
+def test_the_rejected_count_shows_in_the_admin_heartbeat_list(
+    setup, client, django_user_model
+) -> None:
+    t, r1, _, eu = setup
+    bad = f.payload(t, r1, eu, T0)
+    bad["outcome"] = None
+    ingest.ingest(_over_the_wire([bad]))
+    admin = django_user_model.objects.create_superuser("root", "root@example.com", "pw-root-1")
+    client.force_login(admin)
+    body = client.get(reverse("admin:monitor_heartbeat_changelist")).content.decode()
+    assert ingest.REJECTED_COUNTER in body
+    row = body[body.index(ingest.REJECTED_COUNTER) :].split("</tr>")[0]
+    assert '<td class="field-count">1</td>' in row
