@@ -1,20 +1,35 @@
 """Writing probe results: exactly one row per slot, and the rollups that follow from them.
 
-Region workers send results over the broker as JSON dicts whose keys are ProbeResult field
-names (foreign keys as `task_id`, `route_id`, `region_id`). `ingest` COPYs a batch into a
-temporary table, then INSERTs it with ON CONFLICT DO NOTHING on the slot key: a redelivered
-message, or a result that arrives after its slot was recorded missed, changes nothing. Only the
-rows really inserted (RETURNING) are folded into the rollups, in the same transaction.
+Region workers send results over the broker as JSON objects whose keys are ProbeResult column
+names (monitor.pipeline.messages.ResultPayload). `ingest` COPYs a batch into a temporary
+table, then INSERTs it with ON CONFLICT DO NOTHING on the slot key: a redelivered message, or
+a result that arrives after its slot was recorded missed, changes nothing. Only the rows really
+inserted (RETURNING) are folded into the rollups, in the same transaction.
+
+One bad result never costs the others (it used to: one count past 2**31-1 failed the COPY, and
+with it every probe of that region's tick, on every tick):
+- a payload that does not match the contract, or holds a value no column can take (a string
+  for a number, an unparseable time), is rejected: logged without its values, counted in the
+  `ingest-rejected` Heartbeat row (admin, Heartbeats), and not written at all;
+- values of the right type but outside their column's range are made to fit first (see
+  `_fit`): integers clamped or nulled, NaN and infinities nulled, text cut;
+- should the bulk write still fail (a route deleted meanwhile, a constraint this module does
+  not know), the batch is written again row by row, each in a savepoint: the row the database
+  refuses is logged and counted, the others are stored.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from decimal import Decimal, InvalidOperation
+from functools import cache
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, models, transaction
 from django.utils import timezone
 
 from monitor.models import (
@@ -22,11 +37,14 @@ from monitor.models import (
     SLOT_DISPATCHED,
     SLOT_DONE,
     SLOT_MISSED,
+    EvalCase,
+    Heartbeat,
     ProbeResult,
     ProbeSlot,
     RaceRun,
     Route,
 )
+from monitor.pipeline.messages import ContractError, result_key, result_payload_from_json
 from monitor.stats import rollups
 from monitor.stats.rollups import ResultRow
 
@@ -34,70 +52,166 @@ log = logging.getLogger(__name__)
 
 TEXT_LIMIT = 4000
 DETAIL_LIMIT = 500
+# PostgreSQL `integer`: the range of the count columns (PositiveIntegerField and IntegerField).
+INT_MAX = 2**31 - 1
+# The Heartbeat row counting results (and race results) rejected at ingest.
+REJECTED_COUNTER = "ingest-rejected"
 
-_FIELDS = [f for f in ProbeResult._meta.concrete_fields if f.name != "id"]
+_FIELDS: list[models.Field[Any, Any]] = [
+    f for f in ProbeResult._meta.concrete_fields if f.name != "id"
+]
 COLUMNS = [f.column for f in _FIELDS]
-# A field's own default ("" for text), except callables such as timezone.now (set per row).
-_CALLABLE_DEFAULTS = {f.attname for f in _FIELDS if f.has_default() and callable(f.default)}
+# Each column's value when a payload leaves it out: the model's default ("" for text without
+# one), except callable defaults (started_at's now(), set per batch instead).
 _DEFAULTS: dict[str, Any] = {
-    f.attname: (None if f.attname in _CALLABLE_DEFAULTS else f.get_default()) for f in _FIELDS
-}
-_TEXT_LIMITS = {"text": TEXT_LIMIT, "error_detail": DETAIL_LIMIT}
-_DATETIMES = {"slot_at", "started_at"}
-_FLOATS = {f.attname for f in _FIELDS if f.get_internal_type() == "FloatField"}
-_INTS = {
-    f.attname
+    f.attname: (None if f.has_default() and callable(f.default) else f.get_default())
     for f in _FIELDS
-    if f.get_internal_type()
-    in ("IntegerField", "PositiveIntegerField", "BigIntegerField", "ForeignKey")
 }
+# Longer text is cut to these (the answer is kept for grading and the probe log, not whole).
+_TEXT_LIMITS = {"text": TEXT_LIMIT, "error_detail": DETAIL_LIMIT}
+_KEY = [COLUMNS.index(c) for c in ("task_id", "route_id", "region_id", "slot_at")]
 
 # What the rollups need from each inserted row (RETURNING these columns).
 _ROLLED = list(ResultRow._fields)
 
 
 class BadPayload(ValueError):
-    """A result payload that cannot be stored (named field, reason)."""
+    """A result payload that cannot be stored (named field, reason; never the value)."""
 
 
-def _bounded(value: Any, limit: int) -> str:
-    text = "" if value is None else str(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+@dataclass(frozen=True)
+class _Column:
+    """What a ProbeResult column accepts, read off the model once."""
+
+    attname: str
+    kind: str  # "int", "float", "decimal", "bool", "text", "datetime"
+    null: bool
+    low: int = 0  # integers: the column's range
+    high: int = 0
+    foreign_key: bool = False
+    max_length: int | None = None  # text
+    decimal_max: Decimal = Decimal(0)  # decimals: the first magnitude that does not fit
 
 
-def _coerce(name: str, value: Any) -> Any:
+_KINDS = {
+    "FloatField": "float",
+    "BooleanField": "bool",
+    "CharField": "text",
+    "TextField": "text",
+    "DateTimeField": "datetime",
+}
+
+
+@cache
+def _columns() -> dict[str, _Column]:
+    # Built on first use, not at import: a region worker imports this module (through
+    # monitor.tasks) without any database configured.
+    ranges = connection.ops.integer_field_range
+    out = {}
+    for f in _FIELDS:
+        internal = f.get_internal_type()
+        if isinstance(f, models.ForeignKey):
+            low, high = ranges(f.target_field.get_internal_type())
+            out[f.attname] = _Column(f.attname, "int", f.null, low, high, foreign_key=True)
+        elif internal.endswith("IntegerField"):
+            low, high = ranges(internal)
+            out[f.attname] = _Column(f.attname, "int", f.null, low, high)
+        elif isinstance(f, models.DecimalField):
+            top = Decimal(10) ** (f.max_digits - f.decimal_places)
+            out[f.attname] = _Column(f.attname, "decimal", f.null, decimal_max=top)
+        elif internal in _KINDS:
+            limit = _TEXT_LIMITS.get(f.attname, f.max_length)
+            out[f.attname] = _Column(f.attname, _KINDS[internal], f.null, max_length=limit)
+        else:  # a column type this module does not know how to check: refuse to guess
+            raise TypeError(f"ingest: no check for {f.attname} ({internal})")
+    return out
+
+
+def _bounded(value: str, limit: int | None) -> str:
+    text = value.replace("\x00", "")  # PostgreSQL text cannot hold NUL
+    if limit is None or len(text) <= limit:
+        return text
+    return text[: limit - 1] + "…"
+
+
+def _fit(column: _Column, value: Any) -> Any:
+    """The value as its column can store it; BadPayload when its type is wrong.
+
+    Integers outside the column's range (PostgreSQL `integer` for counts and rate-limit
+    headers, `bigint` for ids): above it, clamped to the top (the reading was at least that:
+    2**40 tokens of headroom stays "more than we can count"); below it, null (a negative
+    count is no reading; 0 would claim one, and cached_tokens 0 means "reported, no hit").
+    An id out of range is refused. Floats: NaN and infinities are null. Decimals that do not
+    fit are null (cost is then worked out from the route's prices). Text is cut."""
     if value is None:
         return None
-    if name in _DATETIMES and isinstance(value, str):
+    kind = column.kind
+    if kind == "int":
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise BadPayload(f"{column.attname}: expected an integer, got {type(value).__name__}")
+        if column.low <= value <= column.high:
+            return value
+        if column.foreign_key:
+            raise BadPayload(f"{column.attname}: out of range")
+        return column.high if value > column.high else None
+    if kind == "float":
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise BadPayload(f"{column.attname}: expected a number, got {type(value).__name__}")
+        return float(value) if math.isfinite(value) else None
+    if kind == "decimal":
+        if isinstance(value, bool) or not isinstance(value, int | float | str | Decimal):
+            raise BadPayload(f"{column.attname}: expected a number, got {type(value).__name__}")
+        try:
+            number = Decimal(str(value))
+        except InvalidOperation:
+            raise BadPayload(f"{column.attname}: not a number") from None
+        return number if number.is_finite() and abs(number) < column.decimal_max else None
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise BadPayload(
+                f"{column.attname}: expected true or false, got {type(value).__name__}"
+            )
+        return value
+    if kind == "text":
+        if not isinstance(value, str):
+            raise BadPayload(f"{column.attname}: expected a string, got {type(value).__name__}")
+        return _bounded(value, column.max_length)
+    # datetime
+    if isinstance(value, datetime):
+        return value
+    if not isinstance(value, str):
+        raise BadPayload(f"{column.attname}: expected a time, got {type(value).__name__}")
+    try:
         return datetime.fromisoformat(value)
-    if name in _FLOATS:
-        return float(value)
-    if name in _INTS:
-        return int(value)
-    return value
+    except ValueError:
+        raise BadPayload(f"{column.attname}: not an ISO 8601 time") from None
 
 
 def row_from_payload(
     payload: Mapping[str, Any], prices: Mapping[int, Route], now: datetime
 ) -> tuple[Any, ...]:
+    """The row for one result, every value fitted to its column (see `_fit`). Keys that are not
+    columns are ignored; a column the payload leaves out (or nulls, when the column cannot be
+    null) gets the column's default."""
+    columns = _columns()
     values = dict(_DEFAULTS)
     values["started_at"] = now
     for name, value in payload.items():
-        if name in values:
-            try:
-                values[name] = _coerce(name, value)
-            except (TypeError, ValueError):
-                raise BadPayload(f"{name}: cannot store {type(value).__name__} value") from None
-    for name, limit in _TEXT_LIMITS.items():
-        values[name] = _bounded(values[name], limit)
-    for name in ("error_kind", "http_version", "token_source", "text", "error_detail"):
-        values[name] = values[name] or ""
+        column = columns.get(name)
+        if column is None:
+            continue
+        fitted = _fit(column, value)
+        if fitted is not None or column.null:
+            values[name] = fitted
     if values["route_id"] is None or values["region_id"] is None:
         raise BadPayload("route_id and region_id are required")
     route = prices.get(values["route_id"])
     if values["cost_usd"] is None and route is not None:
-        values["cost_usd"] = route.cost_usd(
-            values["input_tokens"] or 0, values["output_tokens"] or 0
+        values["cost_usd"] = _fit(
+            columns["cost_usd"],
+            route.cost_usd(values["input_tokens"] or 0, values["output_tokens"] or 0),
         )
     return tuple(values[f.attname] for f in _FIELDS)
 
@@ -114,7 +228,11 @@ def insert_rows(rows: Sequence[tuple[Any, ...]]) -> list[ResultRow]:
             f"SELECT {columns} FROM monitor_proberesult WITH NO DATA"
         )
         cursor.execute("TRUNCATE rw_ingest")
-        with cursor.cursor.copy(f"COPY rw_ingest ({columns}) FROM STDIN") as copy:
+        # psycopg's COPY, under Django's wrapper so its errors are Django's (write_rows).
+        with (
+            connection.wrap_database_errors,
+            cursor.cursor.copy(f"COPY rw_ingest ({columns}) FROM STDIN") as copy,
+        ):
             for row in rows:
                 copy.write_row(row)
         cursor.execute(
@@ -122,6 +240,66 @@ def insert_rows(rows: Sequence[tuple[Any, ...]]) -> list[ResultRow]:
             f"ON CONFLICT DO NOTHING RETURNING {', '.join(_ROLLED)}"
         )
         return [ResultRow(*r) for r in cursor.fetchall()]
+
+
+def refusal(exc: DatabaseError) -> str:
+    """Why the database refused a row, without the row's values (its messages quote them)."""
+    cause = exc.__cause__
+    diag = getattr(cause, "diag", None)
+    parts = [type(cause or exc).__name__]
+    for label, attr in (("column", "column_name"), ("constraint", "constraint_name")):
+        name = getattr(diag, attr, None)
+        if name:
+            parts.append(f"{label} {name}")
+    return ", ".join(parts)
+
+
+def _row_key(row: tuple[Any, ...]) -> str:
+    task_id, route_id, region_id, slot_at = (row[i] for i in _KEY)
+    shown = slot_at.isoformat() if isinstance(slot_at, datetime) else "-"
+    return f"{task_id}/{route_id}/{region_id} {shown}"
+
+
+def write_rows(rows: Sequence[tuple[Any, ...]]) -> tuple[list[ResultRow], int]:
+    """Insert the rows; returns (rows inserted, rows the database refused). All at once when
+    it can; if that fails, one by one, each in its own savepoint, so a refused row costs only
+    itself. Must run inside a transaction with constraints checked immediately (`ingest`)."""
+    try:
+        with transaction.atomic():
+            return insert_rows(rows), 0
+    except DatabaseError as exc:
+        log.warning(
+            "bulk write of %d results refused (%s); writing them one by one",
+            len(rows),
+            refusal(exc),
+        )
+    inserted: list[ResultRow] = []
+    refused = 0
+    for row in rows:
+        try:
+            with transaction.atomic():
+                inserted.extend(insert_rows([row]))
+        except DatabaseError as exc:
+            refused += 1
+            log.warning(
+                "rejected result %s: the database refused it (%s)", _row_key(row), refusal(exc)
+            )
+    return inserted, refused
+
+
+def count_rejected(n: int) -> None:
+    """Add n to the durable count of rejected results: one statement, so concurrent ingest
+    workers never lose an increment (shown in the admin's Heartbeat list)."""
+    if n <= 0:
+        return
+    table = Heartbeat._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (name, last_seen, count) VALUES (%s, now(), %s) "
+            f"ON CONFLICT (name) DO UPDATE SET count = {table}.count + EXCLUDED.count, "
+            "last_seen = EXCLUDED.last_seen",
+            [REJECTED_COUNTER, n],
+        )
 
 
 def _set_slot_status(results: Sequence[ResultRow], status: str, *, only_open: bool) -> None:
@@ -146,23 +324,52 @@ def _set_slot_status(results: Sequence[ResultRow], status: str, *, only_open: bo
         cursor.execute(sql, params)
 
 
-def ingest(payloads: Sequence[Mapping[str, Any]]) -> int:
-    """Store results from region workers; returns how many new rows were written.
+def _known_eval_cases(payloads: Iterable[Mapping[str, Any]]) -> set[int]:
+    ids = {p.get("eval_case_id") for p in payloads} - {None}
+    if not ids:
+        return set()
+    return set(EvalCase.objects.filter(pk__in=ids).values_list("pk", flat=True))
 
-    A payload that cannot be stored is logged and skipped; the rest of the batch is kept."""
-    route_ids = {p.get("route_id") for p in payloads}
-    prices = {r.pk: r for r in Route.objects.filter(pk__in=[i for i in route_ids if i])}
+
+def ingest(message: object) -> int:
+    """Store results from region workers (a list of ResultPayload); returns how many new rows
+    were written. What cannot be stored is logged, counted and skipped; the rest is kept."""
+    if not isinstance(message, list):
+        log.warning("rejected a result message: expected a list, got %s", type(message).__name__)
+        count_rejected(1)
+        return 0
+    rejected = 0
+    payloads = []
+    for item in message:
+        try:
+            payloads.append(result_payload_from_json(item))
+        except ContractError as exc:
+            log.warning("rejected result %s: %s", result_key(item), exc)
+            rejected += 1
+    prices = {r.pk: r for r in Route.objects.filter(pk__in={p["route_id"] for p in payloads})}
+    # An eval case deleted since the probe was sent: the measurement still counts, ungraded
+    # against a case that no longer exists (the foreign key would refuse the row).
+    cases = _known_eval_cases(payloads)
     now = timezone.now()
     rows = []
     for payload in payloads:
+        case_id = payload.get("eval_case_id")
+        if case_id is not None and case_id not in cases:
+            payload = {**payload, "eval_case_id": None}
         try:
             rows.append(row_from_payload(payload, prices, now))
         except BadPayload as exc:
-            log.warning("skipped a result payload: %s", exc)
+            log.warning("rejected result %s: %s", result_key(payload), exc)
+            rejected += 1
     with transaction.atomic():
-        inserted = insert_rows(rows)
+        # Foreign keys are checked at each statement, not at commit, so a row that refers to a
+        # deleted route fails in its own savepoint (write_rows) instead of the whole commit.
+        with connection.cursor() as cursor:
+            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        inserted, refused = write_rows(rows)
         _set_slot_status(inserted, SLOT_DONE, only_open=True)
         rollups.apply(inserted)
+        count_rejected(rejected + refused)
     return len(inserted)
 
 

@@ -1,10 +1,10 @@
 """Races on a schedule: a task's request fired at all its routes at once from each region.
 
 A task with `race_interval_s` races its candidate routes once per interval per region, at a
-phase of its own. The lifecycle follows probe slots (monitor.pipeline.scheduling, monitor.pipeline.ingest):
+phase of its own. The lifecycle follows probe slots (monitor.pipeline.scheduling, ingest):
 - dispatch: the RaceRun row is created by INSERT ... ON CONFLICT DO NOTHING on (task, region,
-  slot_at); only the beat that created it sends the race to the region's queue, so two beats
-  still race once;
+  slot_at); only the beat that created it sends the race to the region's queue (`plan` returns
+  the message, monitor.tasks sends it), so two beats still race once;
 - run: the region worker builds one probe per route from the same message and calls
   probes.race (the first complete answer that passes the task's grader wins, the rest are
   cancelled); the result travels back over the broker to the ingest queue;
@@ -16,12 +16,13 @@ phase of its own. The lifecycle follows probe slots (monitor.pipeline.scheduling
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import Max
 from django.utils import timezone
 
@@ -36,8 +37,18 @@ from monitor.models import (
     Route,
     Task,
 )
-from monitor.pipeline.scheduling import (
+from monitor.pipeline.ingest import INT_MAX, count_rejected, refusal
+from monitor.pipeline.messages import (
+    RUN_RACE,
+    ContractError,
+    Dispatch,
+    RaceMessage,
+    race_message_to_json,
+    race_result_from_json,
+)
+from monitor.pipeline.slots import (
     Slot,
+    expires_at,
     grace,
     phase_s,
     probe_message,
@@ -133,74 +144,120 @@ def reference_e2e_ms(task: Task, region: Region, now: datetime) -> dict[str, flo
 
 def race_message(
     task: Task, region: Region, at: datetime, cases: list[EvalCase], now: datetime
-) -> dict[str, Any]:
+) -> RaceMessage:
     """One message for the region worker: a probe message per lane, all the same request."""
     assert task.race_interval_s is not None
     n = slot_number(at, phase_s(task.pk, 0, region.pk, task.race_interval_s), task.race_interval_s)
-    lanes = {
-        str(route.pk): probe_message(Slot(task, route, region, at), cases, n=n)
-        for route in _racing_routes(task)
-    }
     return {
         "race": {"task_id": task.pk, "region_id": region.pk, "slot_at": at.isoformat()},
-        "lanes": lanes,
+        "lanes": {
+            str(route.pk): probe_message(Slot(task, route, region, at), cases, n=n)
+            for route in _racing_routes(task)
+        },
         "reference_ms": reference_e2e_ms(task, region, now),
         "timeout_s": task.probe_timeout_s,
     }
 
 
-def dispatch(now: datetime, spent: Mapping[int, Decimal], cases: dict[int, list[EvalCase]]) -> int:
-    """Claim due races and send each to its region's queue; returns how many were sent."""
-    from monitor.tasks import run_race
-
+def plan(
+    now: datetime, spent: Mapping[int, Decimal], cases: Mapping[int, list[EvalCase]]
+) -> list[Dispatch]:
+    """Claim due races; return one message to send for each (monitor.tasks sends them)."""
     with transaction.atomic():
         claimed = claim(due_races(now, spent))
-    for task, region, at in claimed:
-        run_race.apply_async(
-            args=(race_message(task, region, at, cases[task.pk], now),),
+    return [
+        Dispatch(
+            task_name=RUN_RACE,
             queue=region.queue_name,
-            expires=max(at, now) + grace(),
+            message=race_message_to_json(
+                race_message(task, region, at, cases.get(task.pk, []), now)
+            ),
+            expires=expires_at(at, now),
+            tally_key="races",
+            tally=1,
         )
-    return len(claimed)
+        for task, region, at in claimed
+    ]
 
 
-def ingest(payload: Mapping[str, Any]) -> bool:
-    """Store one race result from a region worker; False when the race was already closed."""
-    key = payload["race"]
-    lanes: dict[str, dict[str, Any]] = dict(payload.get("lanes") or {})
-    prices = {str(r.pk): r for r in Route.objects.filter(pk__in=[int(k) for k in lanes])}
-    task = Task.objects.get(pk=key["task_id"])
-    winner = payload.get("winner_route_id")
+# Costs are stored as numeric(12, 6): a total that does not fit is capped there (it can only
+# come from a token count no real race pays; the tokens themselves are capped at INT_MAX).
+_COST_MAX = Decimal("999999.999999")
+
+
+def _finite(value: float | None) -> float | None:
+    """NaN and infinities are not JSON PostgreSQL accepts (jsonb), nor a measurement."""
+    return value if value is None or math.isfinite(value) else None
+
+
+def ingest(data: object) -> bool:
+    """Store one race result from a region worker; False when the race was already closed,
+    or when the result does not match the contract (logged and counted as ingest-rejected;
+    the race is then recorded missed by the sweep)."""
+    try:
+        result = race_result_from_json(data)
+        key = result["race"]
+        try:
+            slot_at = datetime.fromisoformat(key["slot_at"])
+            started_at = datetime.fromisoformat(result["started_at"])
+        except ValueError:  # its message quotes the value
+            raise ContractError(
+                "race result: slot_at or started_at is not an ISO 8601 time"
+            ) from None
+    except ContractError as exc:
+        log.warning("rejected a race result: %s", exc)
+        count_rejected(1)
+        return False
+    lanes = result["lanes"]
+    # Lane names are route ids; one that is not a bigint names no route (and prices nothing).
+    prices = {
+        str(r.pk): r
+        for r in Route.objects.filter(
+            pk__in=[int(k) for k in lanes if k.isdigit() and len(k) <= 18]
+        )
+    }
+    task = Task.objects.filter(pk=key["task_id"]).first()
+    winner = result["winner_route_id"]
     total = loser_cost = Decimal("0")
     loser_tokens = 0
+    stored: dict[str, dict[str, Any]] = {}
     for route_id, lane in lanes.items():
         route = prices.get(route_id)
-        tokens = int(lane.get("tokens_paid") or 0)
-        cost = (
-            route.cost_usd(int(lane.get("input_tokens") or task.input_tokens), tokens)
-            if route
-            else Decimal("0")
-        )
-        lane["cost_usd"] = float(cost)
+        tokens = min(max(lane["tokens_paid"], 0), INT_MAX)
+        input_tokens = lane["input_tokens"]
+        if input_tokens is None or not 0 <= input_tokens <= INT_MAX:
+            input_tokens = task.input_tokens if task else 0
+        cost = min(route.cost_usd(input_tokens, tokens), _COST_MAX) if route else Decimal("0")
+        stored[route_id] = {
+            **{k: _finite(v) if isinstance(v, float) else v for k, v in lane.items()},
+            "tokens_paid": tokens,
+            "cost_usd": float(cost),
+        }
         total += cost
         if route_id != str(winner):
             loser_cost += cost
             loser_tokens += tokens
-    updated = RaceRun.objects.filter(
-        task_id=key["task_id"],
-        region_id=key["region_id"],
-        slot_at=datetime.fromisoformat(key["slot_at"]),
-        status=SLOT_DISPATCHED,
-    ).update(
-        status=SLOT_DONE,
-        started_at=datetime.fromisoformat(payload["started_at"]),
-        winner_id=int(winner) if winner and winner in prices else None,
-        winner_ms=payload.get("winner_ms"),
-        lanes=lanes,
-        loser_tokens=loser_tokens,
-        loser_cost_usd=loser_cost,
-        cost_usd=total,
-    )
+    try:
+        with transaction.atomic():
+            updated = RaceRun.objects.filter(
+                task_id=key["task_id"],
+                region_id=key["region_id"],
+                slot_at=slot_at,
+                status=SLOT_DISPATCHED,
+            ).update(
+                status=SLOT_DONE,
+                started_at=started_at,
+                winner_id=int(winner) if winner and winner in prices else None,
+                winner_ms=_finite(result["winner_ms"]),
+                lanes=stored,
+                loser_tokens=min(loser_tokens, INT_MAX),
+                loser_cost_usd=min(loser_cost, _COST_MAX),
+                cost_usd=min(total, _COST_MAX),
+            )
+    except DatabaseError as exc:
+        log.warning("rejected race result %s: the database refused it (%s)", key, refusal(exc))
+        count_rejected(1)
+        return False
     if not updated:
         log.info("race result for a closed race ignored: %s", key)
     return bool(updated)

@@ -1,33 +1,29 @@
-"""Which (task, route, region) slots are due, and one message per region batch.
+"""Which (task, route, region) slots are due, claimed once, and what to send for them.
 
 Each (task, route, region) probes every `task.probe_interval_s` seconds, at a phase of its own
-inside the interval (a stable hash), so probes spread out instead of firing together. A slot
-is created by INSERT ... ON CONFLICT DO NOTHING on its key, and only the beat that created it
-dispatches it: two beats ticking at once still send each slot once. Slots the scheduler could
-not create while it was down are created late and, once past their deadline, recorded missed
-by the sweep, never silently absent (up to MAX_CATCH_UP back).
+inside the interval (the arithmetic is monitor.pipeline.slots). A slot is created by
+INSERT ... ON CONFLICT DO NOTHING on its key, and only the beat that created it dispatches it:
+two beats ticking at once still send each slot once. Slots the scheduler could not create
+while it was down are created late and, once past their deadline, recorded missed by the
+sweep, never silently absent (up to slots.MAX_CATCH_UP back).
+
+`plan(now)` returns the messages to send (monitor.pipeline.messages.Dispatch); monitor.tasks
+sends them, so the scheduler never imports the tasks that import it.
 """
 
 from __future__ import annotations
 
-import hashlib
-import itertools
-import logging
 from collections import defaultdict
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Max, Sum
 from django.utils import timezone
 
 from monitor.models import (
-    CONN_COLD,
     GRAIN_DAY,
-    HTTP_2,
     SLOT_DONE,
     EvalCase,
     ProbeSlot,
@@ -37,53 +33,21 @@ from monitor.models import (
     Route,
     Task,
 )
-
-log = logging.getLogger(__name__)
-
-MAX_CATCH_UP = timedelta(hours=6)
-EPOCH = datetime(2024, 1, 1, tzinfo=UTC)
-
-
-@dataclass(frozen=True)
-class Slot:
-    task: Task
-    route: Route
-    region: Region
-    slot_at: datetime
-
-    @property
-    def deadline_at(self) -> datetime:
-        return self.slot_at + timedelta(seconds=self.task.probe_timeout_s) + grace()
-
-
-def grace() -> timedelta:
-    return timedelta(seconds=settings.SLOT_GRACE_SECONDS)
-
-
-def phase_s(task_id: int, route_id: int, region_id: int, interval_s: int) -> float:
-    digest = hashlib.blake2b(f"{task_id}:{route_id}:{region_id}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % (interval_s * 1000) / 1000.0
-
-
-def slot_number(slot_at: datetime, phase: float, interval_s: int) -> int:
-    return round(((slot_at - EPOCH).total_seconds() - phase) / interval_s)
-
-
-def slot_times(
-    now: datetime, interval_s: int, phase: float, after: datetime | None
-) -> list[datetime]:
-    """Slot times in (after, now] (or just the current one when there is no `after`)."""
-    elapsed = (now - EPOCH).total_seconds() - phase
-    current = EPOCH + timedelta(seconds=phase + (elapsed // interval_s) * interval_s)
-    if after is None:
-        return [current]
-    earliest = max(after, now - MAX_CATCH_UP)
-    times = []
-    t = current
-    while t > earliest:
-        times.append(t)
-        t -= timedelta(seconds=interval_s)
-    return sorted(times)
+from monitor.pipeline import races
+from monitor.pipeline.messages import (
+    RUN_PROBE_BATCH,
+    Dispatch,
+    ProbeBatch,
+    probe_batch_to_json,
+)
+from monitor.pipeline.slots import (
+    Slot,
+    expires_at,
+    phase_s,
+    probe_message,
+    slot_times,
+    starts_later,
+)
 
 
 def month_spend_by_task(now: datetime) -> dict[int, Decimal]:
@@ -97,12 +61,12 @@ def month_spend_by_task(now: datetime) -> dict[int, Decimal]:
     for r in rows:
         spent[r["task_id"]] += r["spent"] or Decimal("0")
     # Races are paid for too, every lane of them.
-    races = (
+    race_spend = (
         RaceRun.objects.filter(slot_at__gte=start, status=SLOT_DONE)
         .values("task_id")
         .annotate(spent=Sum("cost_usd"))
     )
-    for r in races:
+    for r in race_spend:
         spent[r["task_id"]] += r["spent"] or Decimal("0")
     return dict(spent)
 
@@ -113,15 +77,6 @@ def spend_capped(task: Task, route: Route, spent: Decimal) -> bool:
         return False
     next_probe = route.cost_usd(task.input_tokens, task.max_tokens)
     return spent + next_probe > task.monthly_spend_cap_usd
-
-
-def starts_later(slot_at: datetime, now: datetime) -> bool:
-    """Leave out a new schedule's first slot when it is too late for it: past its grace, it
-    could not get its whole probe deadline and would be recorded missed for a late start.
-    Only when ticks come at least once per grace, so that the next slot is sure to be caught
-    in time; with rarer ticks it is created anyway (late slots then show as missed, rather
-    than a schedule that never starts)."""
-    return settings.TICK_SECONDS <= settings.SLOT_GRACE_SECONDS and now > slot_at + grace()
 
 
 def due_slots(now: datetime) -> list[Slot]:
@@ -172,86 +127,40 @@ def claim(slots: list[Slot]) -> list[Slot]:
     return [s for s in slots if (s.task.pk, s.route.pk, s.region.pk, s.slot_at) in created]
 
 
-def probe_message(slot: Slot, eval_cases: list[EvalCase], n: int | None = None) -> dict[str, Any]:
-    """What a region worker needs for one probe. JSON only; the API key travels encrypted
-    (the worker holds FIELD_ENCRYPTION_KEYS, not database credentials).
-
-    The slot's number picks the option combination and the eval case, so successive slots
-    cycle through them; a race passes one `n` for all its lanes (the same request to each)."""
-    task, route, region = slot.task, slot.route, slot.region
-    if n is None:
-        phase = phase_s(task.pk, route.pk, region.pk, task.probe_interval_s)
-        n = slot_number(slot.slot_at, phase, task.probe_interval_s)
-    variants = list(
-        itertools.product(
-            task.http_versions, task.body_encodings, task.connection_modes, task.prefix_modes
-        )
-    )
-    http_version, body, connection_mode, prefix = variants[n % len(variants)]
-    case = eval_cases[n % len(eval_cases)] if eval_cases else None
-    provider = route.provider
-    return {
-        "slot": {
-            "task_id": task.pk,
-            "route_id": route.pk,
-            "region_id": region.pk,
-            "slot_at": slot.slot_at.isoformat(),
-        },
-        "provider": {
-            "slug": provider.slug,
-            "base_url": provider.base_url,
-            "wire_format": provider.wire_format,
-            "api_key_token": provider.api_key_encrypted,
-            "extra_headers": provider.extra_headers,
-        },
-        "model": route.model_id,
-        "system_prompt": task.system_prompt,
-        "user_prompt": task.user_template.replace("{input}", case.input if case else ""),
-        "input_tokens": task.input_tokens,
-        "max_tokens": task.max_tokens,
-        "http2": http_version == HTTP_2,
-        "body_encoding": body,
-        "cold": connection_mode == CONN_COLD,
-        "prefix_mode": prefix,
-        "timeout_s": task.probe_timeout_s,
-        "eval": None
-        if case is None
-        else {
-            "id": case.pk,
-            "grader": case.grader,
-            "expected": case.expected,
-            "json_schema": case.json_schema,
-            "tolerance": case.tolerance,
-        },
-    }
-
-
-def tick(now: datetime | None = None) -> dict[str, int]:
-    """Claim due slots and send one batch per region, then the due races. Returns slots sent
-    per region slug, and the number of races sent under "races"."""
-    from monitor.tasks import run_probe_batch
-
-    now = now or timezone.now()
-    with transaction.atomic():
-        claimed = claim(due_slots(now))
+def active_eval_cases() -> dict[int, list[EvalCase]]:
+    """Each active task's eval cases, in a stable order (a slot's number picks one)."""
     cases: dict[int, list[EvalCase]] = defaultdict(list)
     for case in EvalCase.objects.filter(is_active=True, task__is_active=True).order_by("pk"):
         cases[case.task_id].append(case)
+    return cases
+
+
+def plan(now: datetime | None = None) -> list[Dispatch]:
+    """Claim the due slots and races; return what to send for them: one batch per region,
+    then one message per race. monitor.tasks sends them (this module never touches the
+    broker), so a slot claimed here is sent by the tick that claimed it, or by nobody."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        claimed = claim(due_slots(now))
+    cases = active_eval_cases()
     by_region: dict[Region, list[Slot]] = defaultdict(list)
     for slot in claimed:
         by_region[slot.region].append(slot)
-    sent: dict[str, int] = {}
+    dispatches = []
     for region, slots in by_region.items():
-        messages = [probe_message(s, cases[s.task.pk]) for s in slots]
-        # A worker that picks the batch up after this could not finish before the deadlines.
-        expires = max(min(s.slot_at for s in slots), now) + grace()
-        run_probe_batch.apply_async(
-            args=({"region": region.slug, "probes": messages},),
-            queue=region.queue_name,
-            expires=expires,
+        batch: ProbeBatch = {
+            "region": region.slug,
+            "probes": [probe_message(s, cases[s.task.pk]) for s in slots],
+        }
+        dispatches.append(
+            Dispatch(
+                task_name=RUN_PROBE_BATCH,
+                queue=region.queue_name,
+                message=probe_batch_to_json(batch),
+                # A worker that picks the batch up later could not finish before the deadlines.
+                expires=expires_at(min(s.slot_at for s in slots), now),
+                tally_key=region.slug,
+                tally=len(slots),
+            )
         )
-        sent[region.slug] = len(slots)
-    from monitor.pipeline import races
-
-    sent["races"] = races.dispatch(now, month_spend_by_task(now), cases)
-    return sent
+    return dispatches + races.plan(now, month_spend_by_task(now), cases)

@@ -1,27 +1,101 @@
-"""The region worker's side: turn a batch message into probes, run them, return payloads.
+"""The region worker: a batch or race message in, probes run, result payloads out.
 
 Runs inside a Celery worker that may have no database at all (RW_WORKER_ONLY): everything it
-needs is in the message, except the key to decrypt provider API keys (FIELD_ENCRYPTION_KEYS).
-Probes run on one event loop per worker process that lives as long as the process, so warm
-connections (one pooled client per endpoint) survive from one batch to the next.
+needs is in the message (monitor.pipeline.messages), except the key to decrypt provider API
+keys and secret headers (FIELD_ENCRYPTION_KEYS). Probes run on one event loop per worker
+process that lives as long as the process, so warm connections (one pooled client per
+endpoint) survive from one batch to the next. Grading happens here, after the probe, outside
+its timed path. A message that does not match the contract is logged and dropped, never
+retried into a crash loop; a probe that cannot start (a key it cannot decrypt, a request
+setting this engine lacks) becomes a `config` result, which is ours, not the provider's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import logging
 import threading
+import time
 from collections.abc import Coroutine, Mapping
-from datetime import UTC, datetime
-from typing import Any, TypeVar
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 from django.conf import settings
 
+import probes
 from monitor.crypto import ApiKeyDecryptionError, decrypt_secret
+from monitor.logfilters import register_secret
+from monitor.models import ProbeResult as ResultModel
+from monitor.pipeline.messages import (
+    ContractError,
+    EvalSpec,
+    LaneResult,
+    ProbeMessage,
+    RaceResult,
+    ResultPayload,
+    probe_batch_from_json,
+    race_message_from_json,
+)
+from probes.graders import GraderError
+from probes.model import ProbeResult as EngineResult
+from probes.model import ProbeSpec
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+# Bytes past which a response is cut off (a probe's answer is short; this is a hard bound).
+MAX_RESPONSE_BYTES = 8 * 1024 * 1024
+
+# The payload's measured part: every engine result field that is also a result column, so a
+# field the engine adds (served_model, service_tier, ...) travels once the model has its
+# column. The worker fills the slot key and the options probed itself.
+_SET_BY_WORKER = {
+    "task_id",
+    "route_id",
+    "region_id",
+    "slot_at",
+    "started_at",
+    "http2",
+    "body_encoding",
+    "cold",
+    "prefix_mode",
+    "max_tokens",
+    "eval_case_id",
+    "quality_pass",
+    "cost_usd",
+}
+MEASURED = tuple(
+    f.name
+    for f in dataclasses.fields(EngineResult)
+    if f.name in {c.attname for c in ResultModel._meta.concrete_fields} - _SET_BY_WORKER
+)
+
+# Per-route request settings (messages.RequestSettings) map to ProbeSpec fields of the same
+# name (the secret headers decrypted); each with the value that means "not set".
+# MERGE POINT (probes side): ProbeSpec gains these fields on the probes branch. A setting is
+# passed only when it is set, so today's messages (all unset) build today's ProbeSpec too; a
+# set one on an engine without the field fails that probe as `config` (see `spec_for`).
+UNSET_REQUEST_SETTINGS: dict[str, Any] = {
+    "token_limit_param": "max_tokens",
+    "reasoning_effort": None,
+    "thinking_budget_tokens": None,
+    "service_tier": None,
+    "temperature": None,
+    "extra_body": {},
+    "secret_headers": {},
+    "api_version": None,
+}
+_SPEC_FIELDS = {f.name for f in dataclasses.fields(ProbeSpec)}
+
+
+class Unusable(Exception):
+    """A probe that cannot start because of our configuration (its result is `config`)."""
+
+
+# --- the event loop that outlives batches ------------------------------------------------------
 
 _loop: asyncio.AbstractEventLoop | None = None
 _loop_lock = threading.Lock()
@@ -39,6 +113,9 @@ def _background_loop() -> asyncio.AbstractEventLoop:
 
 def run_on_loop(coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
     return asyncio.run_coroutine_threadsafe(coro, _background_loop()).result(timeout_s)
+
+
+# --- from a message to a ProbeSpec -------------------------------------------------------------
 
 
 def connect_to_map(entries: list[str]) -> dict[str, str]:
@@ -60,10 +137,133 @@ def connect_to(base_url: str, mapping: Mapping[str, str]) -> str | None:
     return mapping.get(f"{parts.hostname}:{port}")
 
 
-def error_payload(message: Mapping[str, Any], kind: str, detail: str) -> dict[str, Any]:
-    """A result for a probe that could not even start (bad configuration)."""
+def secret_headers(token: str) -> dict[str, str]:
+    """Decrypt a route's secret headers (a JSON object of strings); {} when there are none."""
+    if not token:
+        return {}
+    try:
+        headers = json.loads(decrypt_secret(token))
+    except ApiKeyDecryptionError:
+        raise Unusable("secret headers cannot be decrypted with FIELD_ENCRYPTION_KEYS") from None
+    except ValueError:
+        # Said without the decoder's message: it would point into the plaintext, the secret.
+        raise Unusable("secret headers are not a JSON object") from None
+    if not isinstance(headers, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+    ):
+        raise Unusable("secret headers are not a JSON object of strings")
+    for value in headers.values():
+        register_secret(value)  # kept out of every log line, like API keys
+    return headers
+
+
+def spec_kwargs(
+    message: ProbeMessage, connect_to: str | None, api_key: str, headers: Mapping[str, str]
+) -> dict[str, Any]:
+    """ProbeSpec's arguments for a message: the request settings only when set."""
+    provider = message["provider"]
+    request = message["request"]
+    timeout_s = float(message["timeout_s"])
+    kwargs: dict[str, Any] = {
+        "base_url": provider["base_url"],
+        "connect_to": connect_to,
+        "format": provider["wire_format"],
+        "model": message["model"],
+        "api_key": api_key,
+        "system_prompt": message["system_prompt"],
+        "user_prompt": message["user_prompt"],
+        "input_tokens": message["input_tokens"],
+        "max_tokens": message["max_tokens"],
+        "http2": message["http2"],
+        "body_encoding": message["body_encoding"],
+        "cold": message["cold"],
+        "fresh_prefix": message["prefix_mode"] == "fresh",
+        "extra_headers": dict(provider["extra_headers"]),
+        "total_timeout_s": timeout_s,
+        "first_token_timeout_s": min(timeout_s, max(5.0, timeout_s * 0.75)),
+        "max_response_bytes": MAX_RESPONSE_BYTES,
+        "allow_private": settings.PROVIDER_ALLOW_PRIVATE_NETWORKS,
+    }
+    requested: dict[str, Any] = {
+        "token_limit_param": request["token_limit_param"],
+        "reasoning_effort": request["reasoning_effort"],
+        "thinking_budget_tokens": request["thinking_budget_tokens"],
+        "service_tier": request["service_tier"],
+        "temperature": request["temperature"],
+        "extra_body": request["extra_body"],
+        "secret_headers": dict(headers),
+        "api_version": request["api_version"],
+    }
+    kwargs.update({k: v for k, v in requested.items() if v != UNSET_REQUEST_SETTINGS[k]})
+    return kwargs
+
+
+def spec_for(message: ProbeMessage, mapping: Mapping[str, str]) -> ProbeSpec:
+    """The probe to run for a message; raises Unusable when it cannot start."""
+    provider = message["provider"]
+    token = provider["api_key_token"]
+    try:
+        api_key = decrypt_secret(token) if token else ""
+    except ApiKeyDecryptionError as exc:
+        raise Unusable(str(exc)) from None
+    headers = secret_headers(message["request"]["secret_headers_token"])
+    kwargs = spec_kwargs(message, connect_to(provider["base_url"], mapping), api_key, headers)
+    unknown = sorted(set(kwargs) - _SPEC_FIELDS)
+    if unknown:  # a worker older than the scheduler that sent the message
+        raise Unusable(f"this worker's probe engine has no request setting {', '.join(unknown)}")
+    return ProbeSpec(**kwargs)
+
+
+# --- from an engine result to a payload --------------------------------------------------------
+
+
+def grade(result: EngineResult, case: EvalSpec | None) -> bool | None:
+    if case is None or not result.ok:
+        return None
+    try:
+        return probes.grade(
+            case["grader"],
+            result.text,
+            case["expected"] or "",
+            case["json_schema"],
+            float(case["tolerance"] or 0.0),
+        )
+    except GraderError:
+        return None  # an unusable eval case grades nothing (the admin form prevents most)
+
+
+def payload(message: ProbeMessage, result: EngineResult, started_at: datetime) -> ResultPayload:
+    case = message["eval"]
+    slot = message["slot"]
+    known: ResultPayload = {
+        "task_id": slot["task_id"],
+        "route_id": slot["route_id"],
+        "region_id": slot["region_id"],
+        "slot_at": slot["slot_at"],
+        "started_at": started_at.isoformat(),
+        "outcome": result.outcome,
+        "http2": message["http2"],
+        "body_encoding": message["body_encoding"],
+        "cold": message["cold"],
+        "prefix_mode": message["prefix_mode"],
+        "max_tokens": message["max_tokens"],
+        "eval_case_id": case["id"] if case else None,
+        "quality_pass": grade(result, case),
+    }
+    measured = {name: getattr(result, name) for name in MEASURED}
+    # Measured fields are chosen at run time (MEASURED), so the whole is cast; ingest checks
+    # every key it stores against ResultPayload and the column types.
+    return cast(ResultPayload, {**measured, **known})
+
+
+def error_payload(message: ProbeMessage, kind: str, detail: str) -> ResultPayload:
+    """A result for a probe that could not even start (our configuration)."""
+    slot = message["slot"]
     return {
-        **message["slot"],
+        "task_id": slot["task_id"],
+        "route_id": slot["route_id"],
+        "region_id": slot["region_id"],
+        "slot_at": slot["slot_at"],
         "started_at": datetime.now(UTC).isoformat(),
         "outcome": "error",
         "error_kind": kind,
@@ -71,51 +271,113 @@ def error_payload(message: Mapping[str, Any], kind: str, detail: str) -> dict[st
     }
 
 
-Prepared = tuple[Mapping[str, Any], str | None, str]
+# --- running them ----------------------------------------------------------------------------
 
 
-def prepare(message: Mapping[str, Any], mapping: Mapping[str, str]) -> Prepared:
-    """(message, connect_to, api key); raises ApiKeyDecryptionError for a key it cannot read."""
-    token = message["provider"]["api_key_token"]
-    api_key = decrypt_secret(token) if token else ""
-    return message, connect_to(message["provider"]["base_url"], mapping), api_key
+async def _probe_all(
+    prepared: list[tuple[ProbeMessage, ProbeSpec]], window_s: float
+) -> list[ResultPayload]:
+    """Run the probes with starts spread over `window_s`; a payload each."""
+    results = await probes.run_batch(
+        [spec for _, spec in prepared], window_s=window_s, max_in_flight=200
+    )
+    perf_now, wall_now = time.perf_counter(), datetime.now(UTC)
+    out = []
+    for (message, _), result in zip(prepared, results, strict=True):
+        ago = perf_now - result.t0_perf if result.t0_perf is not None else 0.0
+        out.append(payload(message, result, wall_now - timedelta(seconds=ago)))
+    return out
 
 
-def run_batch(batch: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Run one region batch; returns one JSON-ready result payload per probe."""
-    from monitor.pipeline import probing
+def _reject_probe(exc: ContractError) -> None:
+    log.error("rejected a probe message (left out of its batch): %s", exc)
 
+
+def run_batch(data: object) -> list[ResultPayload]:
+    """Run one region batch (a ProbeBatch as JSON); returns one result payload per probe.
+    A batch that does not match the contract is logged and dropped: its slots are recorded
+    missed at their deadlines."""
+    try:
+        batch = probe_batch_from_json(data, on_bad_probe=_reject_probe)
+    except ContractError as exc:
+        log.error("rejected a probe batch: %s", exc)
+        return []
     mapping = connect_to_map(settings.CONNECT_TO)
-    prepared = []
-    payloads: list[dict[str, Any]] = []
+    prepared: list[tuple[ProbeMessage, ProbeSpec]] = []
+    payloads: list[ResultPayload] = []
     for message in batch["probes"]:
         try:
-            prepared.append(prepare(message, mapping))
-        except ApiKeyDecryptionError as exc:
+            prepared.append((message, spec_for(message, mapping)))
+        except Unusable as exc:
             payloads.append(error_payload(message, "config", str(exc)))
-    timeout_s = max((m["timeout_s"] for m, _, _ in prepared), default=0) + 60
+    timeout_s = max((float(m["timeout_s"]) for m, _ in prepared), default=0.0) + 60
     if prepared:
         # Spread the batch's starts over one scheduler tick (no burst of simultaneous sends).
         window_s = float(min(settings.TICK_SECONDS, 10))
-        payloads.extend(run_on_loop(probing.run_messages(prepared, window_s), timeout_s + window_s))
+        payloads.extend(run_on_loop(_probe_all(prepared, window_s), timeout_s + window_s))
     return payloads
 
 
-def run_race(message: Mapping[str, Any]) -> dict[str, Any]:
-    """Run one race; returns its JSON-ready result (monitor.pipeline.races.ingest)."""
-    from monitor.pipeline import probing
+async def _race(
+    lanes: Mapping[str, tuple[ProbeMessage, ProbeSpec]], reference_ms: Mapping[str, float]
+) -> tuple[datetime, probes.RaceResult]:
+    """Race the lanes (route id -> (message, spec)); the first complete answer that passes
+    the eval case (when there is one) wins."""
+    # Every lane carries the same request, so the same eval case (monitor.pipeline.races).
+    case = next((message["eval"] for message, _ in lanes.values()), None)
 
+    def valid(result: EngineResult) -> bool:
+        return result.ok and grade(result, case) is not False
+
+    started_at = datetime.now(UTC)
+    specs = {name: spec for name, (_, spec) in lanes.items()}
+    return started_at, await probes.race(specs, valid=valid, reference_ms=reference_ms)
+
+
+def run_race(data: object) -> RaceResult | None:
+    """Run one race (a RaceMessage as JSON); returns its result for
+    monitor.pipeline.races.ingest, or None for a message that does not match the contract
+    (logged; the race is recorded missed at its deadline)."""
+    try:
+        message = race_message_from_json(data)
+    except ContractError as exc:
+        log.error("rejected a race message: %s", exc)
+        return None
     mapping = connect_to_map(settings.CONNECT_TO)
-    lanes: dict[str, Prepared] = {}
-    unusable: dict[str, dict[str, Any]] = {}
+    lanes: dict[str, tuple[ProbeMessage, ProbeSpec]] = {}
+    unusable: dict[str, LaneResult] = {}
     for route_id, lane in message["lanes"].items():
         try:
-            lanes[route_id] = prepare(lane, mapping)
-        except ApiKeyDecryptionError:
+            lanes[route_id] = (lane, spec_for(lane, mapping))
+        except Unusable:
             # The lane cannot start; the race goes on without it and says why.
-            unusable[route_id] = {"outcome": "error", "error_kind": "config", "tokens_paid": 0}
+            unusable[route_id] = {
+                "elapsed_ms": None,
+                "cancelled": False,
+                "tokens_paid": 0,
+                "saved_ms": None,
+                "outcome": "error",
+                "error_kind": "config",
+                "input_tokens": None,
+            }
     timeout_s = float(message["timeout_s"]) + 60
-    result = run_on_loop(probing.run_race(lanes, message.get("reference_ms") or {}), timeout_s)
-    result["lanes"].update(unusable)
-    result["race"] = message["race"]
-    return result
+    started_at, outcome = run_on_loop(_race(lanes, message["reference_ms"]), timeout_s)
+    results: dict[str, LaneResult] = {
+        name: {
+            "elapsed_ms": lane.elapsed_ms,
+            "cancelled": lane.cancelled,
+            "tokens_paid": lane.tokens_paid,
+            "saved_ms": lane.saved_ms,
+            "outcome": lane.result.outcome if lane.result else "cancelled",
+            "error_kind": lane.result.error_kind if lane.result else "",
+            "input_tokens": lane.result.input_tokens if lane.result else None,
+        }
+        for name, lane in outcome.lanes.items()
+    }
+    return {
+        "race": message["race"],
+        "started_at": started_at.isoformat(),
+        "winner_route_id": outcome.winner,
+        "winner_ms": outcome.winner_ms,
+        "lanes": {**results, **unusable},
+    }

@@ -1,7 +1,7 @@
 """Dashboard tests: users, and a small world probed for real against the simulator.
 
 `probed_world` configures providers pointing at a simulator process, builds each probe's
-message with the scheduler's own `probe_message`, runs the batch through the region worker's
+message with the scheduler's own `probe_message` (monitor.pipeline.slots), runs the batch through the region worker's
 `run_batch` (real HTTP to the simulator) and stores the payloads with `monitor.pipeline.ingest.ingest`,
 which writes the raw rows and the rollups the pages read. The measured payloads are kept for
 the session and re-keyed to each test's fresh rows, so only the first test pays for probing;
@@ -22,7 +22,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from monitor.models import EvalCase, Provider, Region, Route, Task
-from monitor.pipeline import ingest, scheduling, worker
+from monitor.pipeline import ingest, slots, worker
 from simulator.testing import CONFIGS, SimulatorProcess
 
 PROBES_PER_CELL = 24  # enough for p95 (20 samples), deliberately short of p99 (100)
@@ -117,11 +117,11 @@ def _run_probes(world: World) -> list[dict[str, Any]]:
             for i in range(PROBES_PER_CELL):
                 # The last probe of each cell is the freshest: routes are not stale.
                 at = now - SPREAD + SPREAD * (i + 1) / PROBES_PER_CELL - timedelta(seconds=5)
-                slot = scheduling.Slot(world.task, route, region, at.replace(microsecond=0))
-                messages.append(scheduling.probe_message(slot, cases, n=i))
+                slot = slots.Slot(world.task, route, region, at.replace(microsecond=0))
+                messages.append(slots.probe_message(slot, cases, n=i))
     # Starts spread over 10 s (the worker spreads a batch over one tick): little contention.
     with override_settings(TICK_SECONDS=10):
-        return worker.run_batch({"region": "test", "probes": messages})
+        return [dict(p) for p in worker.run_batch({"region": "test", "probes": messages})]
 
 
 def _rekey(payloads: list[dict[str, Any]], world: World) -> list[dict[str, Any]]:

@@ -194,7 +194,7 @@ def test_three_regions_three_routes_two_tasks_probe_once_per_slot(stack: Stack) 
     print(f"outcomes of {results.count()} slots: {dict(outcomes)}")
     # Every slot is probed in time. (Earlier runs missed 0-7%: all were the first tick's
     # slots, created already past their 8 s deadline; a new schedule now starts with a slot
-    # it can still make, monitor.pipeline.scheduling.starts_later.)
+    # it can still make, monitor.pipeline.slots.starts_later.)
     missed = [
         (s.region.slug, s.slot_at.isoformat(), s.created_at.isoformat())
         for s in ProbeSlot.objects.filter(status="missed").select_related("region")

@@ -6,7 +6,7 @@ from decimal import Decimal
 import pytest
 
 from monitor.models import ProbeSlot
-from monitor.pipeline import ingest, scheduling
+from monitor.pipeline import ingest, scheduling, slots
 from tests.monitor import factories as f
 
 NOW = datetime(2026, 11, 2, 10, 0, 30, tzinfo=UTC)
@@ -112,8 +112,8 @@ def test_a_spend_cap_stops_probing_a_route(world) -> None:
 
 def test_a_probe_message_carries_no_plaintext_key(world) -> None:
     t, routes, regions = world
-    slot = scheduling.Slot(t, routes[0], regions[0], NOW)
-    message = scheduling.probe_message(slot, [])
-    assert "secret" not in str(message)
+    slot = slots.Slot(t, routes[0], regions[0], NOW)
+    message = slots.probe_message(slot, [])
+    assert "sk-acme-secret" not in str(message)  # the factory's key, in the clear
     assert message["provider"]["api_key_token"]
     assert message["slot"]["slot_at"] == NOW.isoformat()
