@@ -16,12 +16,21 @@ from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 
-from monitor.models import CONN_COLD, HTTP_2, EvalCase, Region, Route, Task
+from monitor.models import (
+    BODY_JSON,
+    CONN_COLD,
+    HTTP_1_1,
+    HTTP_2,
+    EvalCase,
+    Provider,
+    Region,
+    Route,
+    Task,
+)
 from monitor.pipeline.messages import (
     EvalSpec,
     ProbeMessage,
     RequestSettings,
-    default_request_settings,
 )
 
 # How far back a scheduler that was down creates the slots it missed (they are then recorded
@@ -88,13 +97,37 @@ def expires_at(first_slot_at: datetime, now: datetime) -> datetime:
 
 
 def request_settings(route: Route) -> RequestSettings:
-    """The route's request settings for the worker.
+    """The route's request settings for the worker; the secret headers travel as their
+    encrypted token, like `api_key_token`, never in the clear."""
+    return {
+        "token_limit_param": route.token_limit_param,
+        "reasoning_effort": route.reasoning_effort or None,
+        "thinking_budget_tokens": route.thinking_budget_tokens,
+        "service_tier": route.service_tier or None,
+        "temperature": route.temperature,
+        "extra_body": dict(route.extra_body or {}),
+        "secret_headers_token": route.secret_headers_encrypted,
+        "api_version": route.api_version or None,
+    }
 
-    MERGE POINT (product side): Route has no request-setting fields on this branch yet, so
-    every route gets the defaults, which ask for exactly today's request. Once Route has them,
-    fill each key from the route here (the secret headers as their encrypted token, like
-    `api_key_token`, never in the clear)."""
-    return default_request_settings()
+
+def options_for(task: Task, provider: Provider) -> list[tuple[str, str, str, str]]:
+    """The task's option combinations this provider can take, in a stable order.
+
+    An HTTP/2 or msgpack probe goes only to a provider that supports it: elsewhere it would
+    fail for a reason that is ours and count against the provider. When none of the task's
+    choices fit, the probe uses what every provider takes (HTTP/1.1, JSON); the route page
+    names what was not sent."""
+    http_versions = [v for v in task.http_versions if provider.supports(http2=v == HTTP_2)]
+    bodies = [b for b in task.body_encodings if provider.supports(body_encoding=b)]
+    return list(
+        itertools.product(
+            http_versions or [HTTP_1_1],
+            bodies or [BODY_JSON],
+            task.connection_modes,
+            task.prefix_modes,
+        )
+    )
 
 
 def _eval_spec(case: EvalCase) -> EvalSpec:
@@ -118,14 +151,10 @@ def probe_message(slot: Slot, eval_cases: list[EvalCase], n: int | None = None) 
     if n is None:
         phase = phase_s(task.pk, route.pk, region.pk, task.probe_interval_s)
         n = slot_number(slot.slot_at, phase, task.probe_interval_s)
-    variants = list(
-        itertools.product(
-            task.http_versions, task.body_encodings, task.connection_modes, task.prefix_modes
-        )
-    )
+    provider = route.provider
+    variants = options_for(task, provider)
     http_version, body, connection_mode, prefix = variants[n % len(variants)]
     case = eval_cases[n % len(eval_cases)] if eval_cases else None
-    provider = route.provider
     return {
         "slot": {
             "task_id": task.pk,

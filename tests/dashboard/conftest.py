@@ -64,7 +64,15 @@ class World:
 def configure(base_url: str) -> World:
     providers = {}
     for slug, (name, wire, path, key) in KEYS.items():
-        p = Provider(name=name, slug=slug, base_url=base_url + path, wire_format=wire)
+        # The simulator serves HTTP/2 and (for these test providers) msgpack bodies to all.
+        p = Provider(
+            name=name,
+            slug=slug,
+            base_url=base_url + path,
+            wire_format=wire,
+            http2=True,
+            accepts_msgpack=True,
+        )
         p.is_simulated = True
         p.set_api_key(key)
         p.save()

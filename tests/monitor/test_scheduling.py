@@ -117,3 +117,56 @@ def test_a_probe_message_carries_no_plaintext_key(world) -> None:
     assert "sk-acme-secret" not in str(message)  # the factory's key, in the clear
     assert message["provider"]["api_key_token"]
     assert message["slot"]["slot_at"] == NOW.isoformat()
+
+
+def test_options_a_provider_cannot_take_are_never_sent_to_it(db: None) -> None:
+    plain = f.provider("plain")
+    capable = f.provider("capable", http2=True, accepts_msgpack=True)
+    routes = [f.route(plain, "chat"), f.route(capable, "chat")]
+    g = f.region("eu-west")
+    t = f.task(
+        "qa",
+        routes,
+        [g],
+        http_versions=["1.1", "2"],
+        body_encodings=["json", "msgpack-gzip"],
+    )
+    sent: dict[str, set[tuple[bool, str]]] = {"plain": set(), "capable": set()}
+    for n in range(8):  # two full cycles of the four combinations
+        for route in routes:
+            message = slots.probe_message(slots.Slot(t, route, g, NOW), [], n=n)
+            sent[route.provider.slug].add((message["http2"], message["body_encoding"]))
+    assert sent["plain"] == {(False, "json")}
+    assert sent["capable"] == {
+        (False, "json"),
+        (False, "msgpack-gzip"),
+        (True, "json"),
+        (True, "msgpack-gzip"),
+    }
+
+
+def test_a_probe_message_carries_the_routes_request_settings_with_headers_encrypted(
+    db: None,
+) -> None:
+    r = f.route(
+        f.provider(),
+        "gpt-5.5",
+        token_limit_param="max_completion_tokens",
+        reasoning_effort="low",
+        service_tier="flex",
+        extra_body={"response_format": {"type": "json_object"}},
+    )
+    r.set_secret_headers({"x-gateway-key": "gw-secret-0123456789"})
+    r.save()
+    g = f.region("eu-west")
+    t = f.task("qa", [r], [g])
+    message = slots.probe_message(slots.Slot(t, r, g, NOW), [], n=0)
+    request = message["request"]
+    assert request["token_limit_param"] == "max_completion_tokens"
+    assert request["reasoning_effort"] == "low"
+    assert request["service_tier"] == "flex"
+    assert request["temperature"] is None  # not sent
+    assert request["thinking_budget_tokens"] is None
+    assert request["extra_body"] == {"response_format": {"type": "json_object"}}
+    assert request["secret_headers_token"] == r.secret_headers_encrypted
+    assert "gw-secret-0123456789" not in repr(message)
