@@ -1,4 +1,6 @@
-"""Session-wide independent servers for the interop tests (see servers.py).
+"""Independent servers for the interop tests (see servers.py), started on first use and
+stopped when the last test of tests/interop/ is done (package scope: no idle gateway left
+running beside the timing tests that come after).
 
 A server that cannot be installed or started skips its tests, with the reason; under RW_CI=1
 it fails them instead (CI must have every server).
@@ -52,17 +54,17 @@ def _start(server: Server, timeout_s: float = 60.0) -> Server:
     return result
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def interop_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("interop")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def mocks_bin() -> Path:
     return _bin("mocks")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def litellm_bin() -> Path:
     return _bin("litellm")
 
@@ -105,14 +107,14 @@ def mockllm_server(
     )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def mockllm(mocks_bin: Path, interop_dir: Path) -> Iterator[Server]:
     server = _start(mockllm_server(mocks_bin, interop_dir, SHORT_ANSWER))
     yield server
     server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def slow_mockllm(mocks_bin: Path, interop_dir: Path) -> Iterator[Server]:
     """A mockllm streaming LONG_ANSWER, for tests that freeze it (and let it go again)."""
     server = _start(mockllm_server(mocks_bin, interop_dir, LONG_ANSWER, name="slow"))
@@ -148,7 +150,7 @@ class Certs:
     key: str
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def certs(interop_dir: Path) -> Certs:
     ca = trustme.CA()
     leaf = ca.issue_cert("127.0.0.1", "localhost")
@@ -159,14 +161,14 @@ def certs(interop_dir: Path) -> Certs:
     return paths
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def fakellm_config(interop_dir: Path) -> Path:
     path = interop_dir / "fakellm.yaml"
     path.write_text(FAKELLM_CONFIG)
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def fakellm(mocks_bin: Path, interop_dir: Path, fakellm_config: Path) -> Iterator[Server]:
     """fakellm as its CLI serves it: uvicorn, HTTP/1.1 only, cleartext."""
     port = free_port()
@@ -199,7 +201,7 @@ class HypercornFakellm:
     h2c_origin: str  # cleartext: HTTP/1.1, and HTTP/2 with prior knowledge
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def fakellm_hypercorn(
     mocks_bin: Path, interop_dir: Path, fakellm_config: Path, certs: Certs
 ) -> Iterator[HypercornFakellm]:
@@ -230,7 +232,7 @@ def fakellm_hypercorn(
     server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def fakellm_uvicorn_tls(
     mocks_bin: Path, interop_dir: Path, fakellm_config: Path, certs: Certs
 ) -> Iterator[Server]:
@@ -315,7 +317,7 @@ STUBLLM_FIXTURES = {
 }
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def stubllm(mocks_bin: Path, interop_dir: Path) -> Iterator[Server]:
     fixtures = interop_dir / "stubllm.json"
     fixtures.write_text(json.dumps(STUBLLM_FIXTURES))
@@ -350,7 +352,7 @@ class LiteLLM:
     dying_upstream_port: int  # "up-dying" routes here: a test starts (and kills) a server on it
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def litellm(litellm_bin: Path, interop_dir: Path, fakellm: Server) -> Iterator[LiteLLM]:
     """The LiteLLM proxy: mock models (mock_response) and models routed to fakellm upstream."""
     dying = free_port()
