@@ -8,7 +8,7 @@ No Django here. Public surface:
 - probe(spec) -> ProbeResult: never raises; failures are outcomes with an error_kind
 - Kind, Blame, ProbeError (probes.errors): the one failure taxonomy, each kind with its
   meaning and the party it blames (`Kind(result.error_kind).counts_against_provider`)
-- redact(text, secrets) (probes.redact): the one redactor for secrets
+- probes.redact.redact(text, secrets): the one redactor for secrets (logs use it too)
 - run_batch(specs, window_s=, max_in_flight=) -> list[ProbeResult]
 - race(specs_by_name) -> RaceResult
 - grade(grader, text, expected, schema, tolerance) -> bool
@@ -24,7 +24,6 @@ from probes.formats import WIRE_FORMATS
 from probes.graders import grade
 from probes.model import ProbeResult, ProbeSpec
 from probes.race import RaceResult, race
-from probes.redact import redact
 
 __all__ = [
     "WIRE_FORMATS",
@@ -37,6 +36,5 @@ __all__ = [
     "grade",
     "probe",
     "race",
-    "redact",
     "run_batch",
 ]

@@ -376,6 +376,11 @@ async def _error_response(
     refused = fmt.refusal(status, text, prepared.sent)
     if refused is not None:
         return refused
+    if status == 415:  # our body encoding (msgpack+gzip) is not one this provider takes
+        return InvalidSpec(
+            f"the provider does not accept this body encoding "
+            f"({prepared.headers.get('content-type')}, HTTP 415: {error_message(text)[0]})"
+        )
     return HTTPStatusFailure(status, f"HTTP {status}: {error_message(text)[0]}")
 
 
