@@ -11,6 +11,9 @@ import asyncio
 import dataclasses
 import json
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -19,7 +22,7 @@ from probes.errors import Kind
 from probes.model import MAX_COMPLETION_TOKENS, SOURCE_TOKENIZER, SOURCE_USAGE_MINUS_HIDDEN
 from probes.tokenizer import count_tokens
 from probes.transport import warm_clients
-from simulator.testing import SimulatorProcess
+from simulator.testing import ROOT, SimulatorProcess
 from tests.probes.loopback import LoopbackServer, Received, Reply, sse
 from tests.probes.real_apis import (
     OPENAI_MODEL,
@@ -296,3 +299,57 @@ def test_secret_headers_never_appear_in_repr_details_results_or_logs(
             assert value not in str(spec)
             assert value not in json.dumps(result.to_dict())
             assert value not in caplog.text
+
+
+def test_the_cli_takes_the_request_settings_and_keeps_secret_headers_secret() -> None:
+    secret = "gw-cli-secret-0123456789"
+    with LoopbackServer(openai_reasoning) as server:
+        command = [
+            sys.executable,
+            "-m",
+            "probes",
+            "--url",
+            server.url + "/v1",
+            "--format",
+            "openai",
+            "--model",
+            "o4-mini",
+            "--api-key-env",
+            "RW_KEY",
+            "--token-limit-param",
+            "max_completion_tokens",
+            "--reasoning-effort",
+            "low",
+            "--service-tier",
+            "priority",
+            "--extra-body",
+            '{"user": "routewatch"}',
+            "--secret-header-env",
+            "x-gateway-key:RW_GATEWAY",
+            "--json",
+        ]
+        env = dict(os.environ, RW_KEY=KEY, RW_GATEWAY=secret)
+        done = subprocess.run(
+            command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        )
+        sent = server.received[0]
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout)
+    assert record["tps_token_source"] == SOURCE_USAGE_MINUS_HIDDEN
+    assert record["hidden_reasoning_tokens"] == 2000
+    assert record["served_model"] == OPENAI_MODEL
+    body = sent.json()
+    assert "max_completion_tokens" in body
+    assert (body["reasoning_effort"], body["service_tier"], body["user"]) == (
+        "low",
+        "priority",
+        "routewatch",
+    )
+    assert sent.headers["x-gateway-key"] == secret
+    assert secret not in done.stdout + done.stderr
+    assert KEY not in done.stdout + done.stderr
+    usage = subprocess.run(
+        [sys.executable, "-m", "probes", "--help"], cwd=ROOT, capture_output=True, text=True
+    ).stdout
+    for option in ("--token-limit-param", "--thinking-budget", "--api-version", "azure"):
+        assert option in usage
