@@ -12,14 +12,15 @@ Why not one repeated paragraph: it gzip-compressed 86x (53,706 -> 623 bytes), so
 bodies were unrealistically small and their upload time meant nothing. The padding is varied
 English prose instead: sentences drawn from templates and a vocabulary of ~500 words with a
 skewed (Zipf-like) choice, as real text repeats its common words. Measured with gzip level 6
-(the body encoder's): the 59k-token pool compresses 3.9x, a 10k-token padding 3.5x, a
+(the body encoder's): the 60k-token pool compresses 3.9x, a 10k-token padding 3.5x, a
 3k-token one 3.0x, a 1k-token one 2.5x; real English prose is about 2.5x-4x. The skew (r ** 1.7) and the size of
 the vocabulary were chosen to land there: uniform choice gave ~4.3x, no numbers or names
 ~4.6x.
 
-Cheap to build: the pool is generated once per process (~0.1 s with its tokenization), as
-paragraphs already tokenized; a prompt concatenates paragraph token lists (stable: in pool
-order; fresh: in a random order) and decodes them once. A paragraph ends in "\\n\\n" and the
+Cheap to build: the pool of paragraphs is generated on demand and kept, already tokenized
+(the whole pool, ~60k tokens, takes ~0.1 s; a 200-token prompt needs 32 paragraphs, ~3 ms,
+so a worker's first probe is not held up); a prompt concatenates paragraph token lists
+(stable: in pool order; fresh: 64 or more paragraphs in a random order) and decodes them once. A paragraph ends in "\\n\\n" and the
 next starts with a capitalized word, a boundary o200k's pre-tokenizer never merges across, so
 the concatenated tokens are exactly the tokens of the concatenated text.
 """
@@ -27,13 +28,15 @@ the concatenated tokens are exactly the tokens of the concatenated text.
 from __future__ import annotations
 
 import random
+import threading
 import uuid
 from dataclasses import dataclass
-from functools import cache
 
 from probes.tokenizer import count_tokens, encoding
 
-POOL_PARAGRAPHS = 1000
+MAX_PARAGRAPHS = 1000  # ~60k tokens, ~290 KB: far past gzip's 32 KB window
+GROW_PARAGRAPHS = 32
+FRESH_PARAGRAPHS = 64
 
 
 def _words(text: str) -> list[str]:
@@ -160,15 +163,36 @@ def _sentence(rng: random.Random) -> str:
     return text[0].upper() + text[1:] + rng.choice(".....!")
 
 
-@cache
-def _pool() -> tuple[tuple[int, ...], ...]:
-    """The paragraphs of padding, each as its o200k tokens; built once per process."""
-    rng = random.Random(_STABLE_SEED)
-    paragraphs = [
-        " ".join(_sentence(rng) for _ in range(rng.randrange(3, 8))) + "\n\n"
-        for _ in range(POOL_PARAGRAPHS)
-    ]
-    return tuple(tuple(ids) for ids in encoding().encode_batch(paragraphs, num_threads=1))
+class _Pool:
+    """The paragraphs of padding, each as its o200k tokens, generated on demand (a 200-token
+    prompt needs a few paragraphs, not the whole pool) in one deterministic sequence, so the
+    stable text is the same whatever sizes were asked for first. Up to MAX_PARAGRAPHS; longer
+    paddings cycle through them."""
+
+    def __init__(self) -> None:
+        self.rng = random.Random(_STABLE_SEED)
+        self.paragraphs: list[tuple[int, ...]] = []
+        self.tokens = 0
+        self.lock = threading.Lock()
+
+    def grow(self, tokens: int, paragraphs: int = 0) -> list[tuple[int, ...]]:
+        """At least `tokens` tokens and `paragraphs` paragraphs, as far as the cap allows."""
+        with self.lock:
+            while (self.tokens < tokens or len(self.paragraphs) < paragraphs) and len(
+                self.paragraphs
+            ) < MAX_PARAGRAPHS:
+                texts = [
+                    " ".join(_sentence(self.rng) for _ in range(self.rng.randrange(3, 8))) + "\n\n"
+                    for _ in range(GROW_PARAGRAPHS)
+                ]
+                for text in texts:
+                    ids = tuple(encoding().encode_ordinary(text))
+                    self.paragraphs.append(ids)
+                    self.tokens += len(ids)
+            return self.paragraphs
+
+
+_pool = _Pool()
 
 
 def padding(tokens: int, fresh: bool = False) -> str:
@@ -176,7 +200,8 @@ def padding(tokens: int, fresh: bool = False) -> str:
     every time unless fresh, when the paragraphs come in a new random order."""
     if tokens <= 0:
         return ""
-    pool = _pool()
+    # A fresh padding shuffles at least FRESH_PARAGRAPHS paragraphs, so two are never alike.
+    pool = _pool.grow(tokens, FRESH_PARAGRAPHS if fresh else 0)
     order = list(range(len(pool)))
     shuffle = random.Random(uuid.uuid4().int).shuffle if fresh else None
     ids: list[int] = []
