@@ -1,40 +1,17 @@
 """A logging filter that keeps secrets out of every log line.
 
-Two nets: patterns that look like credentials (Bearer tokens, sk-... keys, x-api-key headers),
-and the exact values of API keys this process has decrypted (registered by monitor.crypto).
+The redaction itself is the probe engine's (probes.redact), so log lines and stored probe
+error details are cleaned by the same rules: the exact values of secrets this process has
+decrypted (registered by monitor.crypto), and patterns that look like credentials.
 """
 
 from __future__ import annotations
 
 import logging
-import re
-import threading
 
-_known: set[str] = set()
-_lock = threading.Lock()
-_PATTERNS = [
-    re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{8,}"),
-    re.compile(
-        r"(?i)((?:x-api-key|api[_-]?key|authorization)[\"']?\s*[:=]\s*[\"']?)[^\s\"',}]{6,}"
-    ),
-    re.compile(r"\bsk-[A-Za-z0-9_-]{8,}"),
-]
-REDACTED = "[redacted]"
+from probes.redact import REDACTED, redact, register_secret
 
-
-def register_secret(value: str) -> None:
-    if len(value) >= 6:
-        with _lock:
-            _known.add(value)
-
-
-def redact(text: str) -> str:
-    for secret in tuple(_known):
-        if secret in text:
-            text = text.replace(secret, REDACTED)
-    for pattern in _PATTERNS:
-        text = pattern.sub(lambda m: (m.group(1) if m.groups() else "") + REDACTED, text)
-    return text
+__all__ = ["REDACTED", "RedactSecrets", "redact", "register_secret"]
 
 
 class RedactSecrets(logging.Filter):

@@ -6,16 +6,20 @@
 No Django here. Public surface:
 - ProbeSpec, ProbeResult (probes.model): what to call / what was measured (to_dict/from_dict)
 - probe(spec) -> ProbeResult: never raises; failures are outcomes with an error_kind
+- Kind, Blame, ProbeError (probes.errors): the one failure taxonomy, each kind with its
+  meaning and the party it blames (`Kind(result.error_kind).counts_against_provider`)
+- probes.redact.redact(text, secrets): the one redactor for secrets (logs use it too)
 - run_batch(specs, window_s=, max_in_flight=) -> list[ProbeResult]
 - race(specs_by_name) -> RaceResult
 - grade(grader, text, expected, schema, tolerance) -> bool
-- WIRE_FORMATS: the registry of wire formats ("openai", "anthropic")
+- WIRE_FORMATS: the registry of wire formats ("openai", "azure", "anthropic")
 """
 
 from __future__ import annotations
 
 from probes.batch import run_batch
 from probes.engine import probe
+from probes.errors import Blame, Kind, ProbeError
 from probes.formats import WIRE_FORMATS
 from probes.graders import grade
 from probes.model import ProbeResult, ProbeSpec
@@ -23,6 +27,9 @@ from probes.race import RaceResult, race
 
 __all__ = [
     "WIRE_FORMATS",
+    "Blame",
+    "Kind",
+    "ProbeError",
     "ProbeResult",
     "ProbeSpec",
     "RaceResult",

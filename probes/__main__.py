@@ -1,7 +1,9 @@
-"""python -m probes --url BASE --format openai|anthropic --model M [options]
+"""python -m probes --url BASE --format openai|azure|anthropic --model M [options]
 
 Without --json: a readable summary with p50/p95/p99 (and a progress bar for long runs).
 With --json: one JSON object per probe, field names as in the metric table.
+Keys and secret headers come from environment variables, never from the command line (where
+`ps` and shell histories would show them).
 """
 
 from __future__ import annotations
@@ -15,8 +17,12 @@ import time
 from collections.abc import Sequence
 
 from probes.batch import run_batch
-from probes.model import BODY_JSON, BODY_MSGPACK_GZIP, ProbeResult, ProbeSpec
+from probes.errors import Kind
+from probes.formats import WIRE_FORMATS
+from probes.model import BODY_ENCODINGS, BODY_JSON, TOKEN_LIMIT_PARAMS, ProbeResult, ProbeSpec
 from probes.transport import warm_clients
+
+_KINDS = {k.value: k for k in Kind}
 
 
 def _percentile(values: Sequence[float], q: float) -> float | None:
@@ -39,6 +45,12 @@ def summary(results: Sequence[ProbeResult]) -> str:
             errors[r.error_kind] = errors.get(r.error_kind, 0) + 1
     if errors:
         lines.append("errors: " + ", ".join(f"{k} x{v}" for k, v in sorted(errors.items())))
+        for kind in sorted(errors):
+            about = _KINDS.get(kind)
+            if about is not None:
+                lines.append(f"  {kind} ({about.blame}): {about.meaning}")
+        last_error = next(r for r in reversed(results) if not r.ok)
+        lines.append(f"  last: {last_error.error_detail}")
     lines.append(f"{'':14}{'p50':>14}{'p95':>14}{'p99':>14}")
     for label, attr, unit in [
         ("TTFB", "ttfb_ms", "ms"),
@@ -53,14 +65,27 @@ def summary(results: Sequence[ProbeResult]) -> str:
         lines.append(f"{label:14}{row}")
     if ok:
         last = ok[-1]
+        cached = last.cached_tokens if last.cached_tokens is not None else "not reported"
+        reused = {True: "reused", False: "new", None: "?"}[last.connection_reused]
         lines.append(
-            f"{last.http_version}, output tokens {last.output_tokens} ({last.token_source}), "
-            f"input {last.input_tokens}, cached {last.cached_tokens if last.cached_tokens is not None else 'not reported'}"
+            f"{last.http_version} ({reused} connection), output tokens {last.output_tokens} "
+            f"({last.token_source}), speed counted from {last.streamed_output_tokens} streamed "
+            f"({last.tps_token_source}), input {last.input_tokens}, cached {cached}"
+        )
+        if last.reasoning_tokens:
+            lines.append(
+                f"reasoning tokens {last.reasoning_tokens}, hidden {last.hidden_reasoning_tokens}"
+            )
+        lines.append(
+            f"served by {last.served_model or '?'}, tier {last.service_tier or '?'}, "
+            f"request {last.request_id or '?'}"
         )
     return "\n".join(lines)
 
 
-async def _run(ns: argparse.Namespace, api_key: str) -> list[ProbeResult]:
+async def _run(
+    ns: argparse.Namespace, api_key: str, secret_headers: dict[str, str]
+) -> list[ProbeResult]:
     spec = ProbeSpec(
         base_url=ns.url,
         format=ns.format,
@@ -76,6 +101,16 @@ async def _run(ns: argparse.Namespace, api_key: str) -> list[ProbeResult]:
         total_timeout_s=ns.timeout,
         first_token_timeout_s=min(ns.timeout, ns.first_token_timeout),
         verify=ns.ca or True,
+        system_prompt=ns.system,
+        token_limit_param=ns.token_limit_param,
+        reasoning_effort=ns.reasoning_effort,
+        thinking_budget_tokens=ns.thinking_budget,
+        service_tier=ns.service_tier,
+        temperature=ns.temperature,
+        extra_body=ns.extra_body,
+        api_version=ns.api_version,
+        extra_headers=dict(ns.header),
+        secret_headers=secret_headers,
     )
     results: list[ProbeResult] = []
     done = 0
@@ -119,21 +154,68 @@ async def _run(ns: argparse.Namespace, api_key: str) -> list[ProbeResult]:
     return results
 
 
+def _json_object(text: str) -> dict[str, object]:
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
+def _header(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition(":")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError("use NAME:VALUE")
+    return name.strip(), value.strip()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m probes", description="Probe an LLM API route.")
     parser.add_argument(
-        "--url", required=True, help="base URL (…/v1 for OpenAI, before /v1 for Anthropic)"
+        "--url",
+        required=True,
+        help="base URL (…/v1 for OpenAI, before /v1 for Anthropic, the deployment URL for Azure)",
     )
-    parser.add_argument("--format", required=True, choices=["openai", "anthropic"])
+    parser.add_argument("--format", required=True, choices=sorted(WIRE_FORMATS))
     parser.add_argument("--model", required=True)
     parser.add_argument("--api-key-env", default=None, help="environment variable holding the key")
     parser.add_argument("--http2", action="store_true")
-    parser.add_argument("--body", choices=[BODY_JSON, BODY_MSGPACK_GZIP], default=BODY_JSON)
+    parser.add_argument("--body", choices=BODY_ENCODINGS, default=BODY_JSON)
     parser.add_argument("--cold", action="store_true", help="a new connection for every probe")
     parser.add_argument("--fresh-prefix", action="store_true", help="defeat prompt caches")
     parser.add_argument("--input-tokens", type=int, default=0)
-    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--max-tokens", type=int, default=256, help="the output cap")
     parser.add_argument("--prompt", default="Write two sentences about latency.")
+    parser.add_argument("--system", default="", help="system prompt")
+    settings = parser.add_argument_group("request settings (as the route would send them)")
+    settings.add_argument(
+        "--token-limit-param",
+        choices=TOKEN_LIMIT_PARAMS,
+        default="max_tokens",
+        help="the name --max-tokens is sent under (OpenAI reasoning models: max_completion_tokens)",
+    )
+    settings.add_argument("--reasoning-effort", help="OpenAI formats: reasoning_effort")
+    settings.add_argument(
+        "--thinking-budget", type=int, help="Anthropic: extended thinking budget_tokens (>= 1024)"
+    )
+    settings.add_argument("--service-tier", help="sent as service_tier (auto, flex, priority...)")
+    settings.add_argument("--temperature", type=float, help="not sent unless given")
+    settings.add_argument(
+        "--extra-body",
+        type=_json_object,
+        default={},
+        help="JSON object merged into the body last (cannot set model, messages, stream)",
+    )
+    settings.add_argument("--api-version", help="Azure OpenAI: the api-version query parameter")
+    settings.add_argument(
+        "--header", type=_header, action="append", default=[], help="NAME:VALUE, repeatable"
+    )
+    settings.add_argument(
+        "--secret-header-env",
+        action="append",
+        default=[],
+        metavar="NAME:ENVVAR",
+        help="a header whose value is read from an environment variable and never shown",
+    )
     parser.add_argument("-n", "--count", type=int, default=1)
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument(
@@ -154,7 +236,14 @@ def main(argv: list[str] | None = None) -> int:
         api_key = os.environ.get(ns.api_key_env, "")
         if not api_key:
             parser.error(f"environment variable {ns.api_key_env} is empty or unset")
-    results = asyncio.run(_run(ns, api_key))
+    secret_headers: dict[str, str] = {}
+    for item in ns.secret_header_env:
+        name, _, variable = item.partition(":")
+        value = os.environ.get(variable.strip(), "") if name.strip() else ""
+        if not value:
+            parser.error(f"--secret-header-env {item!r}: use NAME:ENVVAR with ENVVAR set")
+        secret_headers[name.strip()] = value
+    results = asyncio.run(_run(ns, api_key, secret_headers))
     if not ns.json:
         print(summary(results))
     return 0 if all(r.ok for r in results) else 1

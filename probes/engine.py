@@ -1,12 +1,15 @@
 """One probe: send one streaming request, time every phase, classify every failure.
 
 `await probe(spec)` never raises (cancellation aside): whatever happens becomes a ProbeResult
-with an outcome. Timestamps are time.perf_counter() times of when bytes arrived, before any
-parsing: headers, each streamed event and the end carry the arrival of the read that completed
-them, which is the kernel's receive time where it gives one (probes/netstream.py), so neither
-the parsers nor other streams' work on the same event loop sit inside a measured time.
+with an outcome, and a failure has one kind from probes.errors (a bug of ours is `engine`,
+settings the provider refuses are `config`: neither is blamed on the provider). Timestamps
+are time.perf_counter() times of when bytes arrived, before any parsing: headers, each
+streamed event and the end carry the arrival of the read that completed them, which is the
+kernel's receive time where it gives one (probes/netstream.py), so neither the parsers nor
+other streams' work on the same event loop sit inside a measured time.
 t0 is taken just before the request is handed to the HTTP client; the request (prompt, body
-encoding, gzip) and the client are prepared before it.
+encoding, gzip) and the client are prepared before it. Derived figures (token counts, speed,
+what served the probe) are computed after the stream has ended (probes/figures.py).
 """
 
 from __future__ import annotations
@@ -16,19 +19,32 @@ import contextlib
 import gzip
 import itertools
 import json
-import re
-import ssl
+import logging
 import statistics
 import time
+import traceback
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpcore
 import httpx
 import msgpack
 
-from probes import prompts
+from probes import figures, prompts
+from probes.errors import (
+    EngineError,
+    HTTPStatusFailure,
+    InvalidSpec,
+    Kind,
+    NotAnEventStream,
+    ProbeError,
+    ProbeTimeout,
+    ResponseTooLarge,
+    StreamErrorEvent,
+    Truncated,
+    from_transport,
+)
 from probes.formats import (
     ANSWER,
     DONE,
@@ -37,19 +53,23 @@ from probes.formats import (
     REASONING,
     TOOL,
     USAGE,
-    WIRE_FORMATS,
-    MalformedStream,
     WireFormat,
+    error_message,
+    wire_format,
 )
-from probes.model import BODY_MSGPACK_GZIP, ProbeResult, ProbeSpec
+from probes.model import (
+    BODY_ENCODINGS,
+    BODY_MSGPACK_GZIP,
+    SOURCE_USAGE,
+    ProbeResult,
+    ProbeSpec,
+)
 from probes.model import ERROR as OUTCOME_ERROR
-from probes.sse import LineTooLong, SSEParser
-from probes.tokenizer import count_tokens
+from probes.redact import redact
+from probes.sse import SSEParser
 from probes.transport import (
     HTTPCORE_ERRORS,
-    BlockedAddress,
     Phases,
-    ResolutionError,
     arrival_clock,
     body_chunks,
     current,
@@ -57,23 +77,16 @@ from probes.transport import (
     warm_clients,
 )
 
+logger = logging.getLogger(__name__)
+
 DETAIL_LIMIT = 500
 ERROR_BODY_LIMIT = 64 * 1024
+EXCERPT_CHARS = 160
 # Endpoints that answered 400 to stream_options: later probes leave it out.
 _REJECTS_STREAM_OPTIONS: set[str] = set()
-_SECRETISH = re.compile(r"(?i)(bearer\s+|sk-|x-api-key[\"':\s]+)[A-Za-z0-9._\-]{6,}")
-
-
-class ProbeFailure(Exception):
-    def __init__(self, kind: str, detail: str) -> None:
-        super().__init__(detail)
-        self.kind, self.detail = kind, detail
-
-
-def redact(text: str, secret: str) -> str:
-    if secret:
-        text = text.replace(secret, "[redacted]")
-    return _SECRETISH.sub(lambda m: m.group(1) + "[redacted]", text)[:DETAIL_LIMIT]
+# Content types that say nothing about the body: it is sniffed before being refused.
+_UNLABELLED = ("", "application/octet-stream", "text/plain")
+_SSE_STARTS = (b"data:", b"event:", b"id:", b"retry:", b":")
 
 
 @dataclass
@@ -90,18 +103,26 @@ class _Prepared:
     url: str
     headers: dict[str, str]
     body: bytes
-    endpoint: str
-    used_stream_options: bool
+    sent: dict[str, Any]  # the body's settings (what a provider may refuse)
 
 
 def _prepare(spec: ProbeSpec, fmt: WireFormat, stream_options: bool) -> _Prepared:
-    system, user = prompts.build(
+    if spec.body_encoding not in BODY_ENCODINGS:
+        raise InvalidSpec(f"unknown body encoding {spec.body_encoding!r}")
+    if spec.max_tokens < 1:
+        raise InvalidSpec(f"max_tokens must be at least 1, not {spec.max_tokens}")
+    if spec.connect_to is not None:
+        host, _, port = spec.connect_to.rpartition(":")
+        if not (host and port.isdigit()):
+            raise InvalidSpec(f"connect_to must be host:port, not {spec.connect_to!r}")
+    prompt = prompts.build(
         spec.system_prompt, spec.user_prompt, spec.input_tokens, spec.fresh_prefix
     )
-    obj = fmt.body(spec, system, user, stream_options)
+    obj = fmt.body(spec, prompt, stream_options)
     headers = {"accept": "text/event-stream", "accept-encoding": "identity"}
     headers.update(fmt.headers(spec))
     headers.update(spec.extra_headers)
+    headers.update(spec.secret_headers)
     if spec.body_encoding == BODY_MSGPACK_GZIP:
         body = gzip.compress(msgpack.packb(obj), compresslevel=6)
         headers["content-type"] = "application/vnd.msgpack"
@@ -109,8 +130,7 @@ def _prepare(spec: ProbeSpec, fmt: WireFormat, stream_options: bool) -> _Prepare
     else:
         body = json.dumps(obj, separators=(",", ":")).encode()
         headers["content-type"] = "application/json"
-    url = spec.base_url.rstrip("/") + fmt.path
-    return _Prepared(url, headers, body, url, stream_options)
+    return _Prepared(fmt.url(spec), headers, body, obj)
 
 
 def _ms(start: float | None, end: float | None) -> float | None:
@@ -119,68 +139,26 @@ def _ms(start: float | None, end: float | None) -> float | None:
     return (end - start) * 1000.0
 
 
-def _int_header(headers: httpx.Headers, *names: str) -> int | None:
-    for name in names:
-        value = headers.get(name)
-        if value is not None:
-            try:
-                return int(float(value))
-            except ValueError:
-                return None
-    return None
-
-
-def _retry_after(headers: httpx.Headers) -> float | None:
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        return None
-
-
-def _classify_exception(exc: BaseException, headers_seen: bool) -> tuple[str, str]:
-    chain: list[BaseException] = []
-    node: BaseException | None = exc
-    while node is not None and node not in chain:
-        chain.append(node)
-        node = node.__cause__ or node.__context__
-    for item in chain:
-        if isinstance(item, ResolutionError):
-            return "dns", str(item)
-        if isinstance(item, BlockedAddress):
-            return "blocked_url", str(item)
-        if isinstance(item, ssl.SSLError):
-            return "tls", f"TLS failed: {item.reason or item}"
-    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpcore.ConnectError):
-        return "connect", f"connection failed: {exc}"
-    if headers_seen:
-        return "truncated", f"the stream broke off: {exc.__class__.__name__}"
-    return "connect", f"{exc.__class__.__name__}: {exc}"
+def _excerpt(data: bytes | str) -> str:
+    text = data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data
+    return " ".join(text.split())[:EXCERPT_CHARS]
 
 
 async def probe(spec: ProbeSpec, progress: Progress | None = None) -> ProbeResult:
     """Run one probe. Never raises except on cancellation."""
-    fmt = WIRE_FORMATS.get(spec.format)
-    if fmt is None:
-        return ProbeResult(
-            outcome=OUTCOME_ERROR,
-            error_kind="http_4xx",
-            error_detail=f"unknown wire format {spec.format!r}",
-        )
     progress = progress or Progress()
     try:
-        endpoint = spec.base_url.rstrip("/") + fmt.path
+        fmt = wire_format(spec.format)
+        endpoint = fmt.url(spec)
         use_options = (
             spec.stream_options
-            and spec.format == "openai"
+            and fmt.sends_stream_options
             and endpoint not in _REJECTS_STREAM_OPTIONS
         )
         result = await _attempt(spec, fmt, _prepare(spec, fmt, use_options), progress)
         if (
             use_options
-            and result.error_kind == "http_4xx"
+            and result.error_kind in (Kind.HTTP_4XX, Kind.CONFIG)
             and "stream_options" in result.error_detail
         ):
             _REJECTS_STREAM_OPTIONS.add(endpoint)
@@ -189,12 +167,23 @@ async def probe(spec: ProbeSpec, progress: Progress | None = None) -> ProbeResul
         return result
     except asyncio.CancelledError:
         raise
+    except ProbeError as failure:  # before any request: the spec cannot be sent as it is
+        result = ProbeResult()
+        _fail(result, failure, spec)
+        return result
     except Exception as exc:  # the engine's last line of defence: a probe never raises
-        return ProbeResult(
-            outcome=OUTCOME_ERROR,
-            error_kind="malformed_stream",
-            error_detail=redact(f"internal error: {exc.__class__.__name__}: {exc}", spec.api_key),
-        )
+        result = ProbeResult()
+        _fail(result, _engine_failure(exc, spec), spec)
+        return result
+
+
+def _engine_failure(exc: Exception, spec: ProbeSpec) -> EngineError:
+    """A bug of ours: logged with its traceback (redacted), reported as `engine`."""
+    trace = "".join(traceback.format_exception(exc))
+    logger.error(
+        "probe engine failure (%s, %s): %s", spec.format, spec.model, redact(trace, spec.secrets())
+    )
+    return EngineError(f"probe engine failure: {exc.__class__.__name__}: {exc}")
 
 
 async def _attempt(
@@ -210,20 +199,20 @@ async def _attempt(
     client = cold_client or warm_clients.acquire(origin, spec.http2, spec.verify)
     phases = Phases(allow_private=spec.allow_private, connect_to=spec.connect_to)
     token = current.set(phases)
-    request = client.build_request(
-        "POST",
-        prepared.url,
-        headers=prepared.headers,
-        content=prepared.body,
-        extensions={"trace": phases.trace},
-    )
     response: httpx.Response | None = None
-    t0 = time.perf_counter()
-    result.t0_perf = phases.started = t0
-    deadline_total = t0 + spec.total_timeout_s
-    deadline_first = t0 + min(spec.first_token_timeout_s, spec.total_timeout_s)
-    state = _StreamState(t0=t0)
+    state = _StreamState(t0=0.0)
     try:
+        request = client.build_request(
+            "POST",
+            prepared.url,
+            headers=prepared.headers,
+            content=prepared.body,
+            extensions={"trace": phases.trace},
+        )
+        t0 = time.perf_counter()
+        result.t0_perf = phases.started = state.t0 = t0
+        deadline_total = t0 + spec.total_timeout_s
+        deadline_first = t0 + min(spec.first_token_timeout_s, spec.total_timeout_s)
         async with asyncio.timeout_at(_loop_time(deadline_first)) as scope:
             response = await client.send(request, stream=True)
             # Every stamp from here on is when the bytes arrived (the kernel's receive time where
@@ -232,18 +221,25 @@ async def _attempt(
             state.headers_at = arrived_at()
             _read_headers(result, response)
             if response.status_code >= 400:
-                await _error_response(result, response, spec)
+                failure = await _error_response(response, fmt, prepared)
                 result.e2e_ms = _ms(t0, arrived_at())
-                return _finish(result, phases, state, t0, spec)
+                raise failure
+            if response.is_redirect:
+                raise InvalidSpec(
+                    f"the provider redirects (HTTP {response.status_code}) to "
+                    f"{response.headers.get('location', 'nowhere')!r}: the base URL is wrong"
+                )
             parser = SSEParser(max_line_bytes=spec.max_line_bytes)
+            chunks = body_chunks(response)
+            content_type = response.headers.get("content-type", "")
+            if not content_type.lower().startswith("text/event-stream"):
+                chunks = await _sniffed(chunks, content_type, response.status_code)
             received = 0
-            async for chunk in body_chunks(response):
+            async for chunk in chunks:
                 now = arrived_at()
                 received += len(chunk)
                 if received > spec.max_response_bytes:
-                    raise ProbeFailure(
-                        "too_large", f"the response exceeded {spec.max_response_bytes} bytes"
-                    )
+                    raise ResponseTooLarge(f"the response exceeded {spec.max_response_bytes} bytes")
                 for event in parser.feed(chunk):
                     if event.comment:
                         continue
@@ -253,42 +249,30 @@ async def _attempt(
                     scope.reschedule(_loop_time(deadline_total))
                     state.rescheduled = True
                 if state.error is not None:
-                    raise ProbeFailure("stream_error", state.error)
+                    raise StreamErrorEvent(state.error)
             for event in parser.close():
                 if not event.comment:
                     for piece in fmt.parse(event):
                         state.take(piece, arrived_at(), progress, spec.text_limit)
             state.end_at = arrived_at()
             if state.error is not None:
-                raise ProbeFailure("stream_error", state.error)
+                raise StreamErrorEvent(state.error)
             if not (state.complete or state.finished):
-                raise ProbeFailure("truncated", "the stream ended before the response was complete")
+                if parser.foreign is not None and state.nothing_recognized():
+                    raise NotAnEventStream(
+                        f"the response is not an event stream (HTTP {response.status_code}, "
+                        f"content-type {content_type or 'none'}): its first line is "
+                        f"{_excerpt(parser.foreign)!r}"
+                    )
+                raise Truncated("the stream ended before the response was complete")
     except TimeoutError:
-        if state.headers_at is None:
-            kind, detail = (
-                "timeout_headers",
-                f"no response headers within {spec.first_token_timeout_s:g} s",
-            )
-        elif state.first_at is None:
-            kind, detail = (
-                "timeout_first_token",
-                f"no output within {spec.first_token_timeout_s:g} s",
-            )
-        else:
-            kind, detail = (
-                "timeout_total",
-                f"the stream did not finish within {spec.total_timeout_s:g} s",
-            )
-        _fail(result, kind, detail, spec)
-    except ProbeFailure as failure:
-        _fail(result, failure.kind, failure.detail, spec)
-    except LineTooLong as exc:
-        _fail(result, "too_large", str(exc), spec)
-    except MalformedStream as exc:
-        _fail(result, "malformed_stream", str(exc), spec)
-    except (httpx.HTTPError, *HTTPCORE_ERRORS, OSError, ResolutionError, BlockedAddress) as exc:
-        kind, detail = _classify_exception(exc, state.headers_at is not None)
-        _fail(result, kind, detail, spec)
+        _fail(result, _timeout(spec, state), spec)
+    except ProbeError as failure:
+        _fail(result, failure, spec)
+    except (httpx.HTTPError, httpx.InvalidURL, *HTTPCORE_ERRORS, OSError) as exc:
+        _fail(result, from_transport(exc, state.headers_at is not None), spec)
+    except Exception as exc:  # a bug of ours, not the provider's: the timings so far are kept
+        _fail(result, _engine_failure(exc, spec), spec)
     finally:
         current.reset(token)
         if response is not None:
@@ -297,7 +281,47 @@ async def _attempt(
             await cold_client.aclose()
         else:
             warm_clients.release(client)
-    return _finish(result, phases, state, t0, spec)
+    try:
+        return _finish(result, phases, state, fmt, spec)
+    except Exception as exc:
+        _fail(result, _engine_failure(exc, spec), spec)
+        return result
+
+
+def _timeout(spec: ProbeSpec, state: _StreamState) -> ProbeTimeout:
+    if state.headers_at is None:
+        return ProbeTimeout(
+            f"no response headers within {spec.first_token_timeout_s:g} s", Kind.TIMEOUT_HEADERS
+        )
+    if state.first_at is None:
+        return ProbeTimeout(
+            f"no output within {spec.first_token_timeout_s:g} s", Kind.TIMEOUT_FIRST_TOKEN
+        )
+    return ProbeTimeout(
+        f"the stream did not finish within {spec.total_timeout_s:g} s", Kind.TIMEOUT_TOTAL
+    )
+
+
+async def _sniffed(
+    chunks: AsyncIterator[bytes], content_type: str, status: int
+) -> AsyncIterator[bytes]:
+    """A 200 not labelled as an event stream: refused with what it was (a captive portal's or
+    gateway's HTML page, a JSON body from a server that ignored stream: true), unless it is
+    unlabelled and its first bytes are SSE, in which case the stream goes on from them."""
+    first = await anext(chunks, b"")
+    bare = content_type.split(";")[0].strip().lower()
+    if bare in _UNLABELLED and first.lstrip(b"\xef\xbb\xbf\r\n ").startswith(_SSE_STARTS):
+        return _prepend(first, chunks)
+    raise NotAnEventStream(
+        f"the response is not an event stream (HTTP {status}, content-type "
+        f"{content_type or 'none'}): it begins {_excerpt(first)!r}"
+    )
+
+
+async def _prepend(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    yield first
+    async for chunk in rest:
+        yield chunk
 
 
 def _loop_time(perf_deadline: float) -> float:
@@ -310,50 +334,54 @@ async def _close_quietly(response: httpx.Response) -> None:
         await asyncio.wait_for(response.aclose(), 2.0)
 
 
-def _fail(result: ProbeResult, kind: str, detail: str, spec: ProbeSpec) -> None:
+def _fail(result: ProbeResult, failure: ProbeError, spec: ProbeSpec) -> None:
     result.outcome = OUTCOME_ERROR
-    result.error_kind = kind
-    result.error_detail = redact(detail, spec.api_key)
+    result.error_kind = failure.kind.value
+    # Redacted whole, then cut: a cut first could leave half a key no pattern recognizes.
+    result.error_detail = redact(failure.detail, spec.secrets())[:DETAIL_LIMIT]
 
 
 def _read_headers(result: ProbeResult, response: httpx.Response) -> None:
     headers = response.headers
     result.http_version = response.http_version
-    result.ratelimit_remaining_requests = _int_header(
+    result.ratelimit_remaining_requests = figures.header_count(
         headers, "x-ratelimit-remaining-requests", "anthropic-ratelimit-requests-remaining"
     )
-    result.ratelimit_remaining_tokens = _int_header(
+    result.ratelimit_remaining_tokens = figures.header_count(
         headers, "x-ratelimit-remaining-tokens", "anthropic-ratelimit-tokens-remaining"
     )
-    result.retry_after_s = _retry_after(headers)
+    result.retry_after_s = figures.retry_after_s(headers)
     result.request_id = (
         headers.get("x-request-id")
         or headers.get("request-id")
+        or headers.get("apim-request-id")
         or headers.get("x-sim-request-id")
         or ""
     )[:100]
 
 
-async def _error_response(result: ProbeResult, response: httpx.Response, spec: ProbeSpec) -> None:
+async def _error_response(
+    response: httpx.Response, fmt: WireFormat, prepared: _Prepared
+) -> ProbeError:
     body = bytearray()
     try:
-        async for chunk in response.aiter_raw():
+        async for chunk in body_chunks(response):
             body += chunk
             if len(body) >= ERROR_BODY_LIMIT:
                 break
-    except (httpx.HTTPError, OSError):
+    except (httpx.HTTPError, *HTTPCORE_ERRORS, OSError):
         pass
     status = response.status_code
-    kind = "http_429" if status == 429 else "http_5xx" if status >= 500 else "http_4xx"
     text = body.decode("utf-8", errors="replace")
-    try:
-        data = json.loads(text)
-        err = data.get("error") if isinstance(data, dict) else None
-        if isinstance(err, dict) and err.get("message"):
-            text = str(err["message"])
-    except ValueError:
-        pass
-    _fail(result, kind, f"HTTP {status}: {text}", spec)
+    refused = fmt.refusal(status, text, prepared.sent)
+    if refused is not None:
+        return refused
+    if status == 415:  # our body encoding (msgpack+gzip) is not one this provider takes
+        return InvalidSpec(
+            f"the provider does not accept this body encoding "
+            f"({prepared.headers.get('content-type')}, HTTP 415: {error_message(text)[0]})"
+        )
+    return HTTPStatusFailure(status, f"HTTP {status}: {error_message(text)[0]}")
 
 
 @dataclass
@@ -366,6 +394,7 @@ class _StreamState:
     end_at: float | None = None
     content_times: list[float] = field(default_factory=list)
     usage: dict[str, Any] = field(default_factory=dict)
+    metas: list[dict[str, Any]] = field(default_factory=list)
     text: list[str] = field(default_factory=list)
     text_len: int = 0
     reasoning: list[str] = field(default_factory=list)
@@ -391,20 +420,29 @@ class _StreamState:
                 self.text.append(piece.text)
                 progress.text_parts.append(piece.text)
                 self.text_len += len(piece.text)
-        elif kind == USAGE and piece.usage:
-            self.usage.update({k: v for k, v in piece.usage.items() if v is not None})
+        elif kind == USAGE:
+            if piece.usage:
+                self.usage.update({k: v for k, v in piece.usage.items() if v is not None})
+            if piece.meta is not None:
+                self.metas.append(piece.meta)
         elif kind == DONE:
             self.complete = True
         elif kind == FINISH:
             self.finished = True
+            if piece.meta is not None:
+                self.metas.append(piece.meta)
         elif kind == ERROR:
             self.error = piece.text or "the provider sent an error event"
 
+    def nothing_recognized(self) -> bool:
+        return not (self.content_times or self.usage or self.metas)
+
 
 def _finish(
-    result: ProbeResult, phases: Phases, state: _StreamState, t0: float, spec: ProbeSpec
+    result: ProbeResult, phases: Phases, state: _StreamState, fmt: WireFormat, spec: ProbeSpec
 ) -> ProbeResult:
-    fmt = WIRE_FORMATS[spec.format]
+    t0 = state.t0
+    result.connection_reused = phases.connection_reused
     result.dns_ms = _ms(phases.dns_start, phases.dns_end)
     result.connect_ms = _ms(phases.connect_start, phases.connect_end)
     result.tls_ms = _ms(phases.tls_start, phases.tls_end)
@@ -416,28 +454,46 @@ def _finish(
         result.e2e_ms = _ms(t0, state.end_at)
     text = "".join(state.text)
     result.text = text[: spec.text_limit]
+    served = fmt.served(state.metas)
+    result.served_model = served.model
+    result.service_tier = served.service_tier
+    result.request_id = result.request_id or served.response_id
     usage = fmt.usage(state.usage) if state.usage else None
     if usage is not None:
         result.input_tokens = usage.input_tokens
         result.cached_tokens = usage.cached_tokens
         result.reasoning_tokens = usage.reasoning_tokens
-    if usage is not None and usage.output_tokens is not None and (state.complete or state.finished):
-        result.output_tokens, result.token_source = usage.output_tokens, "usage"
-    elif state.content_times and (result.ok or state.text_len < 256 * 1024):
-        # Counted outside the timed path, after the stream ended (not for a huge failed one).
-        result.output_tokens = count_tokens("".join(state.reasoning) + text)
-        result.token_source = "tokenizer"  # noqa: S105 (not a password)
+        result.service_tier = result.service_tier or usage.service_tier
     times = state.content_times
-    if (
-        result.output_tokens
-        and result.output_tokens > 1
-        and len(times) > 1
-        and times[-1] > times[0]
-    ):
-        result.tps = (result.output_tokens - 1) / (times[-1] - times[0])
-        result.tpot_ms = 1000.0 / result.tps
     if len(times) > 1:
         gaps = [(b - a) * 1000.0 for a, b in itertools.pairwise(times)]
         result.itl_p50_ms = statistics.median(gaps)
         result.itl_max_ms = max(gaps)
+    usage_output = (
+        usage.output_tokens if usage is not None and (state.complete or state.finished) else None
+    )
+    if usage_output is None and not (
+        state.content_times and (result.ok or state.text_len < 256 * 1024)
+    ):
+        return result  # nothing streamed, or a huge failed stream: not worth counting
+    # Counted outside the timed path, after the stream ended.
+    speed = figures.speed_tokens(
+        usage_output,
+        usage,
+        state.reasoning,
+        text,
+        thinking_requested=bool(spec.thinking_budget_tokens or spec.reasoning_effort),
+    )
+    if usage_output is not None:
+        result.output_tokens, result.token_source = usage_output, SOURCE_USAGE
+    else:
+        result.output_tokens, result.token_source = speed.streamed_tokens, speed.source
+    result.reasoning_tokens = speed.reasoning_tokens
+    result.hidden_reasoning_tokens = speed.hidden_reasoning_tokens
+    result.streamed_output_tokens = speed.streamed_tokens
+    result.tps_token_source = speed.source
+    streamed = speed.streamed_tokens
+    if streamed and streamed > 1 and len(times) > 1 and times[-1] > times[0]:
+        result.tps = (streamed - 1) / (times[-1] - times[0])
+        result.tpot_ms = 1000.0 / result.tps
     return result

@@ -1,18 +1,51 @@
 """Wire formats: one class per provider dialect, in a registry (no if/elif on the format).
 
-A format builds the request (path, headers, body object) and turns each SSE event into
-classified pieces. Classification is what the timing loop needs: which events carry generated
-output (reasoning or answer), usage, an error, or the end of the stream.
+A format builds the request (URL, headers, body object, from the spec's request settings) and
+turns each SSE event into classified pieces. Classification is what the timing loop needs:
+which events carry generated output (reasoning or answer), usage, an error, or the end of the
+stream. After the stream, it reads usage, what served the probe (model, id, tier), and, for an
+error response, whether the provider refused one of the parameters we sent.
+
+What the formats rely on, from the providers' documentation and their public issue trackers:
+- OpenAI reasoning models (o-series, GPT-5) refuse `max_tokens` with 400
+  `{"error": {"message": "Unsupported parameter: 'max_tokens' is not supported with this
+  model. Use 'max_completion_tokens' instead.", "type": "invalid_request_error", "param":
+  "max_tokens", "code": "unsupported_parameter"}}`, and a non-default temperature with
+  `"code": "unsupported_value"`, `"param": "temperature"`. They never stream their reasoning:
+  it is billed in `usage.completion_tokens` and reported in
+  `completion_tokens_details.reasoning_tokens`. Chunks carry `model` and `service_tier` (the
+  tier actually used, which may differ from the one asked for).
+- OpenAI-compatible servers that do stream reasoning use `delta.reasoning_content` (DeepSeek,
+  vLLM) or `delta.reasoning` (OpenRouter); some reject unknown arguments with
+  "Unrecognized request argument supplied: X" or pydantic's "X: Extra inputs are not
+  permitted".
+- Azure OpenAI: `{base}/chat/completions?api-version=V` with an `api-key` header; the first
+  chunk may be `{"choices": [], "model": "", "prompt_filter_results": [...]}` and later ones
+  may carry only `content_filter_results` (no delta).
+- Anthropic Messages: prompt caching only where a block says
+  `"cache_control": {"type": "ephemeral"}` (everything up to that block is the cached prefix;
+  prompts under 1,024 tokens, more for some models, are not cached); extended thinking with
+  `"thinking": {"type": "enabled", "budget_tokens": N}`, N >= 1024 and below max_tokens,
+  streamed as `thinking_delta`s (Claude 4 models stream a summary but bill the full thinking in
+  `output_tokens`); `service_tier` in usage; 400s say `"field: message"`.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
+from urllib.parse import quote
 
-from probes.model import ProbeSpec
+from probes.errors import InvalidSpec, MalformedStream, RefusedParameter, UnknownWireFormat
+from probes.model import MAX_TOKENS, TOKEN_LIMIT_PARAMS, ProbeSpec
+from probes.prompts import Prompt
 from probes.sse import Event
+
+__all__ = ["WIRE_FORMATS", "MalformedStream", "Piece", "Usage", "WireFormat", "wire_format"]
 
 REASONING = "reasoning"
 ANSWER = "answer"
@@ -22,9 +55,27 @@ ERROR = "error"
 DONE = "done"
 FINISH = "finish"
 
-
-class MalformedStream(Exception):
-    """An event that is not what the dialect allows (bad JSON, wrong shape)."""
+# The largest count the database stores in an integer column (Postgres integer).
+MAX_COUNT = 2**31 - 1
+# Body keys the probe owns: what is measured (the prompt, the model, streaming).
+PROTECTED_BODY_KEYS = frozenset({"model", "messages", "system", "stream", "stream_options"})
+_REFUSING_CODES = ("unsupported_parameter", "unsupported_value")
+_NOT_SUPPORTED = "is not supported"
+_BAD_VALUE = "does not accept the value sent"
+# (pattern naming the parameter, what it says about it), first match wins.
+_REFUSALS = [
+    (re.compile(r"Unsupported parameter: '([\w.]+)'"), _NOT_SUPPORTED),
+    (re.compile(r"Unsupported value: '([\w.]+)'"), _BAD_VALUE),
+    (re.compile(r"Unrecognized request arguments? supplied: ([\w.]+)"), _NOT_SUPPORTED),
+    (re.compile(r"(?m)^`?([\w.]+)`?: Extra inputs are not permitted"), _NOT_SUPPORTED),
+    (re.compile(r"'([\w.]+)' is not (?:supported|allowed)"), _NOT_SUPPORTED),
+    (re.compile(r"^`?([\w.]+)`? (?:is not supported|is not allowed|may only be set)"), _BAD_VALUE),
+    # Anthropic (and pydantic servers) start a 400's message with the field: "field: why".
+    (re.compile(r"^`?([\w.]+)`?: "), "was refused"),
+]
+# Never "our settings": a refusal about these is about the prompt or the model id.
+_NOT_SETTINGS = frozenset({"model", "messages", "system", "stream"})
+_INSTEAD = re.compile(r"[Uu]se '([\w.]+)' instead")
 
 
 @dataclass
@@ -32,6 +83,7 @@ class Piece:
     kind: str
     text: str = ""
     usage: dict[str, Any] | None = None
+    meta: dict[str, Any] | None = None  # the event's object, for what served the probe
 
 
 @dataclass
@@ -40,21 +92,86 @@ class Usage:
     cached_tokens: int | None = None
     output_tokens: int | None = None
     reasoning_tokens: int | None = None
+    service_tier: str = ""
 
 
-def _count(value: Any) -> int | None:
-    """A token count as servers report it; anything that is not a count is unknown."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+@dataclass
+class Served:
+    """What served the probe, as the response says."""
+
+    model: str = ""
+    response_id: str = ""
+    service_tier: str = ""
+
+
+def count(value: Any) -> int | None:
+    """A token count as a server reports it. Anything that is not one becomes unknown (None),
+    not clamped: a negative, non-integral, NaN/inf or >2**31-1 "count" is not a real count
+    (the database column is an integer). An integral float (12.0) is read as the integer."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float):
+        if not (math.isfinite(value) and value.is_integer()):
+            return None
+        value = int(value)
+    if isinstance(value, int) and 0 <= value <= MAX_COUNT:
+        return value
+    return None
+
+
+def _label(value: Any, limit: int) -> str:
+    return value[:limit] if isinstance(value, str) else ""
+
+
+def error_message(text: str) -> tuple[str, str, str]:
+    """(message, param, code) of an error body in any of the dialects' shapes; the text itself
+    (whitespace collapsed) when it is not JSON."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return " ".join(text.split()), "", ""
+    if not isinstance(data, dict):
+        return " ".join(text.split()), "", ""
+    err = data.get("error", data)
+    if isinstance(err, str):
+        return err, "", ""
+    if not isinstance(err, dict):
+        return " ".join(text.split()), "", ""
+    message = err.get("message") or data.get("message") or data.get("detail") or text
+    param, code = err.get("param"), err.get("code")
+    return (
+        str(message) if isinstance(message, str) else json.dumps(message),
+        param if isinstance(param, str) else "",
+        code if isinstance(code, str) else "",
+    )
+
+
+def _merge_extra(body: dict[str, Any], spec: ProbeSpec) -> dict[str, Any]:
+    clash = sorted(PROTECTED_BODY_KEYS & set(spec.extra_body))
+    if clash:
+        raise InvalidSpec(
+            f"extra_body may not set {', '.join(clash)}: the probe sets them (what it measures)"
+        )
+    body.update(spec.extra_body)
+    return body
 
 
 class WireFormat:
     name: ClassVar[str]
     path: ClassVar[str]
+    # Whether the probe asks for usage in the stream (`stream_options`), and retries without
+    # it when a server refuses it.
+    sends_stream_options: ClassVar[bool] = False
+
+    def url(self, spec: ProbeSpec) -> str:
+        return spec.base_url.rstrip("/") + self.path
 
     def headers(self, spec: ProbeSpec) -> dict[str, str]:
         raise NotImplementedError
 
-    def body(self, spec: ProbeSpec, system: str, user: str, stream_options: bool) -> dict[str, Any]:
+    def body(self, spec: ProbeSpec, prompt: Prompt, stream_options: bool) -> dict[str, Any]:
+        """The request body, settings included, extra_body merged last. InvalidSpec for
+        settings this format cannot send."""
         raise NotImplementedError
 
     def parse(self, event: Event) -> list[Piece]:
@@ -62,6 +179,42 @@ class WireFormat:
 
     def usage(self, raw: dict[str, Any]) -> Usage:
         raise NotImplementedError
+
+    def served(self, metas: Sequence[Mapping[str, Any]]) -> Served:
+        """What served the probe, from the objects the USAGE and FINISH pieces carried: the
+        first non-empty value of each (Azure's first chunk says model "")."""
+        served = Served()
+        for meta in metas:
+            served.model = served.model or _label(meta.get("model"), 200)
+            served.response_id = served.response_id or _label(meta.get("id"), 100)
+            served.service_tier = served.service_tier or _label(meta.get("service_tier"), 30)
+        return served
+
+    def refusal(self, status: int, text: str, sent: Mapping[str, Any]) -> RefusedParameter | None:
+        """A 400 (or 422) refusing one of the request settings we sent: the route's settings
+        are wrong for this model, which is ours to fix, not the provider's failure."""
+        if status not in (400, 422):
+            return None
+        message, param, code = error_message(text)
+        named, verb = "", _NOT_SUPPORTED
+        if param and code in _REFUSING_CODES:
+            named, verb = param, _BAD_VALUE if code == "unsupported_value" else _NOT_SUPPORTED
+        else:
+            for pattern, says in _REFUSALS:
+                found = pattern.search(message)
+                if found:
+                    named, verb = found.group(1), says
+                    break
+        if not named or named.split(".")[0] not in sent or named in _NOT_SETTINGS:
+            return None
+        detail = f"the route's request settings are wrong for this model: {named!r} {verb}"
+        instead = _INSTEAD.search(message)
+        if instead:
+            detail += f", use {instead.group(1)!r}"
+        elif named in TOKEN_LIMIT_PARAMS:
+            other = next(p for p in TOKEN_LIMIT_PARAMS if p != named)
+            detail += f", try {other!r}"
+        return RefusedParameter(f"{detail} (HTTP {status}: {message})", named)
 
     @staticmethod
     def _json(data: str) -> dict[str, Any]:
@@ -81,24 +234,44 @@ class OpenAIChat(WireFormat):
 
     name = "openai"
     path = "/chat/completions"
+    sends_stream_options = True
 
     def headers(self, spec: ProbeSpec) -> dict[str, str]:
         return {"authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
 
-    def body(self, spec: ProbeSpec, system: str, user: str, stream_options: bool) -> dict[str, Any]:
+    def body(self, spec: ProbeSpec, prompt: Prompt, stream_options: bool) -> dict[str, Any]:
+        if spec.token_limit_param not in TOKEN_LIMIT_PARAMS:
+            raise InvalidSpec(
+                f"unknown token-limit parameter {spec.token_limit_param!r} "
+                f"(one of {', '.join(TOKEN_LIMIT_PARAMS)})"
+            )
+        if spec.thinking_budget_tokens is not None:
+            raise InvalidSpec(
+                "thinking_budget_tokens is an Anthropic setting; OpenAI formats take "
+                "reasoning_effort"
+            )
         messages = []
-        if system:
-            messages.append({"role": "system", "content": system})
+        if prompt.system:
+            messages.append({"role": "system", "content": prompt.head + prompt.system})
+            user = prompt.document + prompt.question
+        else:
+            user = prompt.head + prompt.document + prompt.question
         messages.append({"role": "user", "content": user})
         body: dict[str, Any] = {
             "model": spec.model,
             "messages": messages,
-            "max_tokens": spec.max_tokens,
+            spec.token_limit_param: spec.max_tokens,
             "stream": True,
         }
         if stream_options:
             body["stream_options"] = {"include_usage": True}
-        return body
+        if spec.reasoning_effort:
+            body["reasoning_effort"] = spec.reasoning_effort
+        if spec.service_tier:
+            body["service_tier"] = spec.service_tier
+        if spec.temperature is not None:
+            body["temperature"] = spec.temperature
+        return _merge_extra(body, spec)
 
     def parse(self, event: Event) -> list[Piece]:
         raw = event.data
@@ -129,24 +302,38 @@ class OpenAIChat(WireFormat):
             if delta.get("tool_calls"):
                 pieces.append(Piece(TOOL, json.dumps(delta["tool_calls"])))
             if choice.get("finish_reason"):
-                pieces.append(Piece(FINISH, str(choice["finish_reason"])))
+                pieces.append(Piece(FINISH, str(choice["finish_reason"]), meta=data))
         if isinstance(data.get("usage"), dict):
-            pieces.append(Piece(USAGE, usage=data["usage"]))
+            pieces.append(Piece(USAGE, usage=data["usage"], meta=data))
         return pieces
 
     def usage(self, raw: dict[str, Any]) -> Usage:
         details = raw.get("prompt_tokens_details")
         completion = raw.get("completion_tokens_details")
         return Usage(
-            input_tokens=_count(raw.get("prompt_tokens")),
-            cached_tokens=_count(details.get("cached_tokens"))
+            input_tokens=count(raw.get("prompt_tokens")),
+            cached_tokens=count(details.get("cached_tokens"))
             if isinstance(details, dict)
             else None,
-            output_tokens=_count(raw.get("completion_tokens")),
+            output_tokens=count(raw.get("completion_tokens")),
             reasoning_tokens=(
-                _count(completion.get("reasoning_tokens")) if isinstance(completion, dict) else None
+                count(completion.get("reasoning_tokens")) if isinstance(completion, dict) else None
             ),
         )
+
+
+class AzureOpenAIChat(OpenAIChat):
+    """Azure OpenAI: the OpenAI body at a deployment URL, keyed by an `api-key` header. The
+    deployment names the model; `model` is sent all the same (Azure ignores it)."""
+
+    name = "azure"
+
+    def url(self, spec: ProbeSpec) -> str:
+        url = spec.base_url.rstrip("/") + self.path
+        return f"{url}?api-version={quote(spec.api_version)}" if spec.api_version else url
+
+    def headers(self, spec: ProbeSpec) -> dict[str, str]:
+        return {"api-key": spec.api_key} if spec.api_key else {}
 
 
 class AnthropicMessages(WireFormat):
@@ -159,16 +346,40 @@ class AnthropicMessages(WireFormat):
             headers["x-api-key"] = spec.api_key
         return headers
 
-    def body(self, spec: ProbeSpec, system: str, user: str, stream_options: bool) -> dict[str, Any]:
+    def body(self, spec: ProbeSpec, prompt: Prompt, stream_options: bool) -> dict[str, Any]:
+        if spec.token_limit_param != MAX_TOKENS:
+            raise InvalidSpec("Anthropic Messages takes max_tokens only")
+        if spec.reasoning_effort:
+            raise InvalidSpec(
+                "reasoning_effort is an OpenAI setting; Anthropic takes thinking_budget_tokens"
+            )
         body: dict[str, Any] = {
             "model": spec.model,
             "max_tokens": spec.max_tokens,
-            "messages": [{"role": "user", "content": user}],
+            "messages": [{"role": "user", "content": prompt.question}],
             "stream": True,
         }
-        if system:
-            body["system"] = system
-        return body
+        # The stable prefix (system prompt, then the padding) is one system block; marked for
+        # caching unless the probe is meant to miss every cache.
+        parts = [p for p in (prompt.system, prompt.document.rstrip()) if p]
+        stable = "\n\n".join(parts)
+        if prompt.head or stable:
+            block: dict[str, Any] = {"type": "text", "text": prompt.head + stable}
+            if stable and not spec.fresh_prefix:
+                block["cache_control"] = {"type": "ephemeral"}
+            body["system"] = [block]
+        if spec.thinking_budget_tokens is not None:
+            if spec.thinking_budget_tokens >= spec.max_tokens:
+                raise InvalidSpec(
+                    f"max_tokens ({spec.max_tokens}) must exceed thinking_budget_tokens "
+                    f"({spec.thinking_budget_tokens}): thinking counts within max_tokens"
+                )
+            body["thinking"] = {"type": "enabled", "budget_tokens": spec.thinking_budget_tokens}
+        if spec.service_tier:
+            body["service_tier"] = spec.service_tier
+        if spec.temperature is not None:
+            body["temperature"] = spec.temperature
+        return _merge_extra(body, spec)
 
     def parse(self, event: Event) -> list[Piece]:
         kind = event.event
@@ -184,7 +395,7 @@ class AnthropicMessages(WireFormat):
             if not isinstance(message, dict):
                 raise MalformedStream("message_start without a message")
             usage = message.get("usage")
-            return [Piece(USAGE, usage=usage)] if isinstance(usage, dict) else []
+            return [Piece(USAGE, usage=usage if isinstance(usage, dict) else None, meta=message)]
         if kind == "content_block_delta":
             delta = data.get("delta")
             if not isinstance(delta, dict):
@@ -216,13 +427,35 @@ class AnthropicMessages(WireFormat):
         return []  # content_block_start/stop and unknown future events
 
     def usage(self, raw: dict[str, Any]) -> Usage:
-        read = _count(raw.get("cache_read_input_tokens"))
-        created = _count(raw.get("cache_creation_input_tokens")) or 0
-        uncached = _count(raw.get("input_tokens"))
-        total = None if uncached is None else uncached + (read or 0) + created
+        read = count(raw.get("cache_read_input_tokens"))
+        created = count(raw.get("cache_creation_input_tokens")) or 0
+        uncached = count(raw.get("input_tokens"))
+        total = None if uncached is None else count(uncached + (read or 0) + created)
         return Usage(
-            input_tokens=total, cached_tokens=read, output_tokens=_count(raw.get("output_tokens"))
+            input_tokens=total,
+            cached_tokens=read,
+            output_tokens=count(raw.get("output_tokens")),
+            service_tier=_label(raw.get("service_tier"), 30),
         )
 
+    def served(self, metas: Sequence[Mapping[str, Any]]) -> Served:
+        served = super().served(metas)
+        for meta in metas:  # the tier is in message_start's usage
+            usage = meta.get("usage")
+            if not served.service_tier and isinstance(usage, dict):
+                served.service_tier = _label(usage.get("service_tier"), 30)
+        return served
 
-WIRE_FORMATS: dict[str, WireFormat] = {f.name: f for f in (OpenAIChat(), AnthropicMessages())}
+
+WIRE_FORMATS: dict[str, WireFormat] = {
+    f.name: f for f in (OpenAIChat(), AzureOpenAIChat(), AnthropicMessages())
+}
+
+
+def wire_format(name: str) -> WireFormat:
+    fmt = WIRE_FORMATS.get(name)
+    if fmt is None:
+        raise UnknownWireFormat(
+            f"unknown wire format {name!r} (one of {', '.join(sorted(WIRE_FORMATS))})"
+        )
+    return fmt

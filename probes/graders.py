@@ -16,12 +16,15 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from probes.errors import ConfigError
+
 GRADERS = ("exact", "contains", "regex", "json_schema", "numeric")
 _NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:[eE][-+]?\d+)?")
 
 
-class GraderError(ValueError):
-    """The eval case itself is unusable (bad regex, bad schema, unknown grader)."""
+class GraderError(ConfigError, ValueError):
+    """The eval case itself is unusable (bad regex, bad schema, unknown grader): ours to fix,
+    kind `config`. Still a ValueError, as callers catch it as one."""
 
 
 def answer_of(text: str) -> str:

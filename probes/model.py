@@ -9,43 +9,45 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from probes.errors import Kind
+
 OK = "ok"
 ERROR = "error"
 
-ERROR_KINDS = (
-    "dns",
-    "connect",
-    "tls",
-    "timeout_headers",
-    "timeout_first_token",
-    "timeout_total",
-    "http_4xx",
-    "http_429",
-    "http_5xx",
-    "stream_error",
-    "malformed_stream",
-    "too_large",
-    "truncated",
-    "blocked_url",
-)
+# Every kind the engine can return (the monitor adds "missed" itself, for slots with no result).
+ERROR_KINDS: tuple[str, ...] = tuple(k.value for k in Kind if k is not Kind.MISSED)
 
 BODY_JSON = "json"
 BODY_MSGPACK_GZIP = "msgpack-gzip"
+BODY_ENCODINGS = (BODY_JSON, BODY_MSGPACK_GZIP)
+
+# The parameter that caps output: chat models take max_tokens; OpenAI's reasoning models
+# (o-series, GPT-5) refuse it with 400 unsupported_parameter and take max_completion_tokens.
+MAX_TOKENS = "max_tokens"
+MAX_COMPLETION_TOKENS = "max_completion_tokens"
+TOKEN_LIMIT_PARAMS = (MAX_TOKENS, MAX_COMPLETION_TOKENS)
+
+# How output_tokens was counted (token_source) and how tps's tokens were (tps_token_source).
+# These name a count's origin, they are not passwords (S105).
+SOURCE_USAGE = "usage"
+SOURCE_TOKENIZER = "tokenizer"
+SOURCE_USAGE_MINUS_HIDDEN = "usage-minus-hidden-reasoning"
 
 
 @dataclass
 class ProbeSpec:
     """One call to make. `base_url` is the provider's base: `.../v1` for OpenAI-compatible
-    servers, the URL before `/v1` for Anthropic."""
+    servers, the URL before `/v1` for Anthropic, the deployment URL for Azure OpenAI
+    (`https://RESOURCE.openai.azure.com/openai/deployments/DEPLOYMENT`)."""
 
     base_url: str
-    format: str  # "openai" | "anthropic"
+    format: str  # a key of probes.formats.WIRE_FORMATS: "openai" | "anthropic" | "azure"
     model: str
     api_key: str = field(default="", repr=False)
     user_prompt: str = "Say hello."
     system_prompt: str = ""
     input_tokens: int = 0  # target prompt size; 0 = the prompts as given
-    max_tokens: int = 256
+    max_tokens: int = 256  # the output cap, sent under token_limit_param
     http2: bool = False
     body_encoding: str = BODY_JSON
     cold: bool = False
@@ -60,18 +62,32 @@ class ProbeSpec:
     verify: bool | str = True  # TLS verification, or a CA bundle path
     allow_private: bool = True  # refuse private/loopback addresses when False (checked at connect)
     connect_to: str | None = None  # "host:port" to connect to instead (delay proxies, pinning)
+    # Per-route request settings, sent as the real APIs name them ("" counts as not set).
+    token_limit_param: str = MAX_TOKENS  # or MAX_COMPLETION_TOKENS
+    reasoning_effort: str | None = None  # OpenAI formats: reasoning_effort
+    thinking_budget_tokens: int | None = None  # Anthropic: thinking.budget_tokens
+    service_tier: str | None = None  # sent as service_tier
+    temperature: float | None = None  # None: not sent (reasoning models refuse non-defaults)
+    extra_body: dict[str, Any] = field(default_factory=dict)  # merged last; see formats
+    api_version: str | None = None  # Azure OpenAI: the api-version query parameter
+    # Headers that carry credentials (gateway keys...): like api_key, never in repr, redacted
+    # from every detail.
+    secret_headers: dict[str, str] = field(default_factory=dict, repr=False)
 
-    def __repr__(self) -> str:  # never the key
-        shown = {
-            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "api_key"
-        }
-        return f"ProbeSpec({shown!r}, api_key=[redacted])"
+    def secrets(self) -> tuple[str, ...]:
+        """Every value this spec must never leak: the key and the secret headers' values."""
+        return (self.api_key, *self.secret_headers.values())
+
+    def __repr__(self) -> str:  # never a secret
+        shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.repr}
+        hidden = ", ".join(f"{f.name}=[redacted]" for f in dataclasses.fields(self) if not f.repr)
+        return f"ProbeSpec({shown!r}, {hidden})"
 
 
 @dataclass
 class ProbeResult:
     outcome: str = OK
-    error_kind: str = ""
+    error_kind: str = ""  # a probes.errors.Kind value
     error_detail: str = ""
     dns_ms: float | None = None
     connect_ms: float | None = None
@@ -82,9 +98,9 @@ class ProbeResult:
     ttft_ms: float | None = None
     ttfat_ms: float | None = None
     e2e_ms: float | None = None
-    output_tokens: int | None = None
+    output_tokens: int | None = None  # billed output, hidden reasoning included
     token_source: str = ""  # "usage" | "tokenizer"
-    tps: float | None = None
+    tps: float | None = None  # streamed tokens only: (streamed_output_tokens - 1) / window
     tpot_ms: float | None = None
     itl_p50_ms: float | None = None
     itl_max_ms: float | None = None
@@ -95,9 +111,17 @@ class ProbeResult:
     ratelimit_remaining_tokens: int | None = None
     retry_after_s: float | None = None
     text: str = ""
-    reasoning_tokens: int | None = None
-    request_id: str = ""  # the provider's request id header, when it sends one
+    reasoning_tokens: int | None = None  # reported (or derived), streamed or hidden
+    request_id: str = ""  # the provider's request id header, else the response's id
     t0_perf: float | None = None  # perf_counter at t0, to compare with a server's ground truth
+    # Speed counts only what streamed: how its tokens were counted, and how many there were.
+    tps_token_source: str = ""  # "usage" | "usage-minus-hidden-reasoning" | "tokenizer"
+    streamed_output_tokens: int | None = None
+    hidden_reasoning_tokens: int | None = None  # billed but never streamed (0: all streamed)
+    # What actually served the probe.
+    served_model: str = ""  # the response's model id
+    service_tier: str = ""  # the tier the provider reports having used
+    connection_reused: bool | None = None  # None when no request got as far as a connection
 
     @property
     def ok(self) -> bool:

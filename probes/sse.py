@@ -3,16 +3,18 @@
 Feed it raw bytes as they arrive; it returns complete events. It never holds more than
 `max_line_bytes` of an unfinished line: a longer line raises LineTooLong at once, so a 50 MB
 line without a newline costs at most the cap in memory. Comments (`: keep-alive`) come back as
-events with `comment=True`, so callers can tell a trickle of keep-alives from data.
+events with `comment=True`, so callers can tell a trickle of keep-alives from data. The first
+line that is no SSE field at all (`<!DOCTYPE html>`) is kept in `foreign`, so a body that is
+not an event stream can be told from one that merely broke off.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from probes.errors import LineTooLong
 
-class LineTooLong(Exception):
-    pass
+__all__ = ["Event", "LineTooLong", "SSEParser"]
 
 
 @dataclass
@@ -28,6 +30,7 @@ class SSEParser:
     _buffer: bytearray = field(default_factory=bytearray)
     _event: str = ""
     _data: list[str] = field(default_factory=list)
+    foreign: str | None = None  # the first line that is not an SSE field
 
     def feed(self, chunk: bytes) -> list[Event]:
         cap = self.max_line_bytes
@@ -79,6 +82,8 @@ class SSEParser:
             self._data.append(value)
         elif name == "event":
             self._event = value
+        elif self.foreign is None and name not in ("id", "retry"):
+            self.foreign = line[:200]
 
     def _dispatch(self, events: list[Event]) -> None:
         if self._data:

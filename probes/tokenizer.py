@@ -17,12 +17,14 @@ from pathlib import Path
 
 import tiktoken
 
+from probes.errors import EngineError
+
 DATA = Path(__file__).resolve().parent / "data" / "o200k_base.tiktoken.gz"
 EXPECTED_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
 _lock = threading.Lock()
 
 
-class TokenizerError(Exception):
+class TokenizerError(EngineError):
     """The shipped o200k_base file is missing or not the official one."""
 
 

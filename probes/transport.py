@@ -25,15 +25,10 @@ from typing import Any, cast
 import httpcore
 import httpx
 
+from probes.errors import BlockedAddress, ResolutionError
 from probes.netstream import AsyncioBackend, AsyncioStream, write_done
 
-
-class BlockedAddress(Exception):
-    """The host resolves to an address the probe may not connect to."""
-
-
-class ResolutionError(Exception):
-    """The host name does not resolve."""
+__all__ = ["BlockedAddress", "ClientPool", "Phases", "ResolutionError", "make_client"]
 
 
 @dataclass
@@ -51,10 +46,22 @@ class Phases:
     allow_private: bool = True
     connect_to: str | None = None
     events: list[str] = field(default_factory=list)
+    # Whether this probe opened a connection (our backend was asked for one), and whether its
+    # request got as far as being sent: together, whether a pooled connection was reused.
+    opened_connection: bool = False
+    request_started: bool = False
+
+    @property
+    def connection_reused(self) -> bool | None:
+        if self.opened_connection:
+            return False
+        return True if self.request_started else None
 
     async def trace(self, name: str, info: dict[str, Any]) -> None:
         now = time.perf_counter()
-        if name == "connection.connect_tcp.started":
+        if name.endswith("send_request_headers.started"):
+            self.request_started = True
+        elif name == "connection.connect_tcp.started":
             self.connect_start = self.connect_start or now
         elif name == "connection.connect_tcp.complete":
             self.connect_end = now
@@ -99,6 +106,8 @@ class TimedBackend(httpcore.AsyncNetworkBackend):
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.AsyncNetworkStream:
         phases = current.get()
+        if phases is not None:
+            phases.opened_connection = True
         if phases is not None and phases.connect_to:
             target_host, _, target_port = phases.connect_to.rpartition(":")
             host, port = target_host, int(target_port)

@@ -147,3 +147,23 @@ def test_rotation_keeps_old_keys_readable_and_moves_to_the_new_key(db: None, set
     settings.FIELD_ENCRYPTION_KEYS = [new_key]  # the old key is gone now
     provider.refresh_from_db()
     assert provider.get_api_key() == CANARY
+
+
+def test_log_lines_and_probe_details_are_cleaned_by_one_redactor() -> None:
+    import monitor.logfilters
+    import probes.redact
+
+    assert monitor.logfilters.redact is probes.redact.redact
+    record = logging.LogRecord(
+        "monitor.test",
+        logging.ERROR,
+        __file__,
+        1,
+        "azure said no: %s",
+        ("{'api-key': 'a1b2c3d4e5f6a7b8c9d0', 'url': 'https://x.example/v1?key=AIzaSyZZZZZZZZ'}",),
+        None,
+    )
+    RedactSecrets().filter(record)
+    assert "a1b2c3d4e5f6a7b8c9d0" not in record.getMessage()
+    assert "AIzaSyZZZZZZZZ" not in record.getMessage()
+    assert "azure said no" in record.getMessage()
