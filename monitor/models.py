@@ -17,7 +17,7 @@ from django.db import models
 from django.utils import timezone
 
 from monitor.crypto import decrypt_secret, encrypt_secret
-from probes.model import ERROR_KINDS as PROBE_ERROR_KINDS
+from probes.errors import Kind
 
 WIRE_OPENAI = "openai"
 WIRE_ANTHROPIC = "anthropic"
@@ -128,9 +128,9 @@ OUTCOME_ERROR = "error"
 OUTCOME_MISSED = "missed"
 OUTCOMES = [(OUTCOME_OK, "ok"), (OUTCOME_ERROR, "error"), (OUTCOME_MISSED, "missed")]
 
-# The engine's failure kinds, plus two of the monitor's own: a probe that could not start
-# (bad configuration) and a slot with no result by its deadline.
-ERROR_KINDS = [(kind, kind) for kind in (*PROBE_ERROR_KINDS, "config", "missed")]
+# One taxonomy (probes.errors.Kind): the engine's failure kinds, ours (config, engine) and the
+# monitor's `missed` (a slot with no result by its deadline). Stored as the kind's string.
+ERROR_KINDS = [(kind.value, kind.value) for kind in Kind]
 
 TOKEN_SOURCES = [("usage", "server usage"), ("tokenizer", "counted (o200k_base)")]
 
@@ -614,6 +614,8 @@ class ProbeResult(models.Model):
     # streamed: shown apart, never counted as speed (tps counts streamed tokens only).
     reasoning_tokens = models.PositiveIntegerField(null=True, blank=True)
     hidden_reasoning_tokens = models.PositiveIntegerField(null=True, blank=True)
+    # Output tokens streamed in the timed window: what tps counts (output_tokens is billed).
+    streamed_output_tokens = models.PositiveIntegerField(null=True, blank=True)
     tps_token_source = models.CharField(
         "how speed's tokens were counted", max_length=40, blank=True
     )

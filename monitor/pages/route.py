@@ -35,6 +35,7 @@ from monitor.models import (
 from monitor.pages.common import Range
 from monitor.stats import hist, rollups
 from monitor.stats.rollups import Stats
+from probes.errors import Kind
 
 QUANTILES = ROW_QUANTILES
 RAW_WINDOW = timedelta(hours=24)
@@ -308,7 +309,7 @@ def headroom(
                 remaining_requests=row["ratelimit_remaining_requests"] if row else None,
                 remaining_tokens=row["ratelimit_remaining_tokens"] if row else None,
                 retry_after_s=row["retry_after_s"] if row else None,
-                throttled=stats.error_kinds.get("http_429", 0) if stats else 0,
+                throttled=stats.error_kinds.get(Kind.HTTP_429, 0) if stats else 0,
             )
         )
     return out

@@ -47,6 +47,7 @@ from monitor.models import (
 from monitor.pipeline.messages import ContractError, result_key, result_payload_from_json
 from monitor.stats import rollups
 from monitor.stats.rollups import ResultRow
+from probes.errors import Kind
 
 log = logging.getLogger(__name__)
 
@@ -393,7 +394,7 @@ def sweep_missed(now: datetime | None = None, limit: int = 5000) -> int:
                     "slot_at": slot.slot_at,
                     "started_at": slot.slot_at,
                     "outcome": OUTCOME_MISSED,
-                    "error_kind": "missed",
+                    "error_kind": Kind.MISSED,
                     "error_detail": "no result arrived by the slot's deadline",
                 },
                 {},

@@ -39,6 +39,7 @@ from monitor.pipeline.messages import (
     probe_batch_from_json,
     race_message_from_json,
 )
+from probes.errors import Kind
 from probes.graders import GraderError
 from probes.model import ProbeResult as EngineResult
 from probes.model import ProbeSpec
@@ -75,9 +76,9 @@ MEASURED = tuple(
 
 # Per-route request settings (messages.RequestSettings) map to ProbeSpec fields of the same
 # name (the secret headers decrypted); each with the value that means "not set".
-# MERGE POINT (probes side): ProbeSpec gains these fields on the probes branch. A setting is
-# passed only when it is set, so today's messages (all unset) build today's ProbeSpec too; a
-# set one on an engine without the field fails that probe as `config` (see `spec_for`).
+# A setting is passed only when it is set, so a region worker still running an older engine
+# builds its ProbeSpec from messages that use none of the newer settings, and fails a probe
+# that needs one as `config` (see `spec_for`) rather than sending a different request.
 UNSET_REQUEST_SETTINGS: dict[str, Any] = {
     "token_limit_param": "max_tokens",
     "reasoning_effort": None,
@@ -309,7 +310,7 @@ def run_batch(data: object) -> list[ResultPayload]:
         try:
             prepared.append((message, spec_for(message, mapping)))
         except Unusable as exc:
-            payloads.append(error_payload(message, "config", str(exc)))
+            payloads.append(error_payload(message, Kind.CONFIG, str(exc)))
     timeout_s = max((float(m["timeout_s"]) for m, _ in prepared), default=0.0) + 60
     if prepared:
         # Spread the batch's starts over one scheduler tick (no burst of simultaneous sends).
@@ -357,7 +358,7 @@ def run_race(data: object) -> RaceResult | None:
                 "tokens_paid": 0,
                 "saved_ms": None,
                 "outcome": "error",
-                "error_kind": "config",
+                "error_kind": Kind.CONFIG,
                 "input_tokens": None,
             }
     timeout_s = float(message["timeout_s"]) + 60

@@ -6,17 +6,18 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from monitor.crypto import ApiKeyDecryptionError, rotate_secret
-from monitor.models import Provider
+from monitor.models import Provider, Route
 
 
 class Command(BaseCommand):
     help = (
-        "Re-encrypt every stored provider API key with the first of FIELD_ENCRYPTION_KEYS. "
+        "Re-encrypt every stored provider API key and route secret headers with the first of "
+        "FIELD_ENCRYPTION_KEYS. "
         "Run after putting a new key first; then the old keys can be removed."
     )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        rotated = 0
+        rotated = headers = 0
         with transaction.atomic():
             for provider in Provider.objects.select_for_update().exclude(api_key_encrypted=""):
                 try:
@@ -28,4 +29,18 @@ class Command(BaseCommand):
                     ) from None
                 provider.save(update_fields=["api_key_encrypted"])
                 rotated += 1
-        self.stdout.write(self.style.SUCCESS(f"Re-encrypted {rotated} API key(s)."))
+            for route in Route.objects.select_for_update().exclude(secret_headers_encrypted=""):
+                try:
+                    route.secret_headers_encrypted = rotate_secret(route.secret_headers_encrypted)
+                except ApiKeyDecryptionError:
+                    raise CommandError(
+                        f"The secret headers of route {route!s} cannot be decrypted with any "
+                        "configured key; nothing was changed."
+                    ) from None
+                route.save(update_fields=["secret_headers_encrypted"])
+                headers += 1
+        self.stdout.write(
+            self.style.SUCCESS(
+                f"Re-encrypted {rotated} API key(s) and {headers} route secret header set(s)."
+            )
+        )
