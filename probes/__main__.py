@@ -111,6 +111,7 @@ async def _run(
         api_version=ns.api_version,
         extra_headers=dict(ns.header),
         secret_headers=secret_headers,
+        stream_options=ns.stream_options,
     )
     results: list[ProbeResult] = []
     done = 0
@@ -206,6 +207,12 @@ def main(argv: list[str] | None = None) -> int:
         help="JSON object merged into the body last (cannot set model, messages, stream)",
     )
     settings.add_argument("--api-version", help="Azure OpenAI: the api-version query parameter")
+    settings.add_argument(
+        "--no-stream-options",
+        dest="stream_options",
+        action="store_false",
+        help="OpenAI formats: do not ask for usage in the stream (some servers refuse it)",
+    )
     settings.add_argument(
         "--header", type=_header, action="append", default=[], help="NAME:VALUE, repeatable"
     )

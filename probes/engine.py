@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+import anyio
 import httpx
 import msgpack
 
@@ -155,6 +156,7 @@ async def probe(spec: ProbeSpec, progress: Progress | None = None) -> ProbeResul
             and fmt.sends_stream_options
             and endpoint not in _REJECTS_STREAM_OPTIONS
         )
+        await _load_async_backend()
         result = await _attempt(spec, fmt, _prepare(spec, fmt, use_options), progress)
         if (
             use_options
@@ -175,6 +177,38 @@ async def probe(spec: ProbeSpec, progress: Progress | None = None) -> ProbeResul
         result = ProbeResult()
         _fail(result, _engine_failure(exc, spec), spec)
         return result
+
+
+_backend_loaded = False
+
+
+async def _load_async_backend() -> None:
+    """Load anyio's asyncio backend once per process, before any t0.
+
+    httpcore's connection-pool locks are anyio locks, and anyio imports its backend (and
+    sniffio) on first use: 30-150 ms inside the first probe's timed path, in no phase
+    (seen against independent servers: tests/interop/test_cli.py). anyio.sleep(0) is the
+    public call that makes it load."""
+    global _backend_loaded
+    if not _backend_loaded:
+        await anyio.sleep(0)
+        _backend_loaded = True
+
+
+def _h2c_refused(
+    spec: ProbeSpec, origin: str, phases: Phases, state: _StreamState, failure: ProbeError
+) -> bool:
+    """An HTTP/2 probe over plain http whose connection was made and then dropped before any
+    response: an HTTP/1.1-only server answers the h2c preface with a 400 and closes. Over TLS,
+    ALPN settles the version instead, so this is a configuration of ours (seen against
+    uvicorn: tests/interop/test_http_versions.py)."""
+    return (
+        spec.http2
+        and origin.startswith("http://")
+        and phases.connect_end is not None
+        and state.headers_at is None
+        and failure.kind in (Kind.CONNECT, Kind.TRUNCATED, Kind.MALFORMED_STREAM)
+    )
 
 
 def _engine_failure(exc: Exception, spec: ProbeSpec) -> EngineError:
@@ -270,7 +304,14 @@ async def _attempt(
     except ProbeError as failure:
         _fail(result, failure, spec)
     except (httpx.HTTPError, httpx.InvalidURL, *HTTPCORE_ERRORS, OSError) as exc:
-        _fail(result, from_transport(exc, state.headers_at is not None), spec)
+        seen = from_transport(exc, state.headers_at is not None)
+        if _h2c_refused(spec, origin, phases, state, seen):
+            seen = InvalidSpec(
+                "the server did not take HTTP/2 over plain http (h2c with prior knowledge) and "
+                f"closed the connection ({seen.detail}); it speaks HTTP/1.1 only here: "
+                "untick the provider's HTTP/2 support"
+            )
+        _fail(result, seen, spec)
     except Exception as exc:  # a bug of ours, not the provider's: the timings so far are kept
         _fail(result, _engine_failure(exc, spec), spec)
     finally:

@@ -97,12 +97,6 @@ def test_cli_readable_summary(fakellm: Server) -> None:
     assert "HTTP/1.1, output tokens" in proc.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: the first probe in a process imports anyio and sniffio (httpcore's "
-    "connection-pool locks load them on first use) inside the timed path: ~30-150 ms more "
-    "in upload/ttfb/ttft/e2e, counted in no phase (dns and connect stay ~1 ms)",
-)
 def test_the_first_probe_of_a_process_is_timed_like_the_next(fakellm: Server) -> None:
     """Three cold probes from one fresh CLI process: the client's own time before the body is
     sent (upload - dns - connect) must not be larger for the first."""
@@ -114,11 +108,6 @@ def test_the_first_probe_of_a_process_is_timed_like_the_next(fakellm: Server) ->
     assert first <= min(rest) + 15, (first, rest)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="missing in the CLI: no option to leave stream_options out (ProbeSpec has "
-    "stream_options; `python -m probes` always asks for usage in the stream)",
-)
 def test_cli_can_leave_stream_options_out(litellm: LiteLLM) -> None:
     code, rows, stderr = cli(
         "--url",

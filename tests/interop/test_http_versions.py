@@ -50,12 +50,6 @@ def test_http2_asked_of_a_tls_server_without_it_falls_back_to_http11(
     assert result.text == ANSWER
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: HTTP/2 to a cleartext HTTP/1.1-only server sends the h2c preface, the "
-    "server answers 400 and closes, and the probe fails as error_kind 'connect' (a provider "
-    "failure) instead of falling back to HTTP/1.1 or reporting 'config'",
-)
 def test_http2_asked_of_a_cleartext_server_without_it_is_not_a_provider_failure(
     fakellm: Server,
 ) -> None:
@@ -95,11 +89,6 @@ def test_warm_probes_reuse_the_connection_and_cold_ones_do_not(
         assert all(r.tls_ms is not None for r in cold)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="missing in the engine: ProbeResult has no connection_reused (PRODUCT.md's "
-    "'what actually served the probe'); only a null connect_ms hints at it",
-)
 def test_the_result_says_whether_the_connection_was_reused(fakellm: Server) -> None:
     warm = run(*(spec(fakellm.origin, "openai", "m") for _ in range(2)))
     cold = run_one(spec(fakellm.origin, "openai", "m", cold=True))

@@ -98,11 +98,6 @@ def test_openai_stream_without_stream_options_is_counted_by_the_tokenizer(
     assert result.input_tokens is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: a 200 answer that is not an event stream (content-type "
-    "application/json, a whole message) is classified 'truncated', not 'malformed_stream'",
-)
 def test_a_json_answer_to_a_streaming_request_is_malformed_stream(litellm: LiteLLM) -> None:
     """LiteLLM 1.81.13's /v1/messages ignores stream=true for mock_response models and answers
     200 application/json with the whole message (its bug). PRODUCT.md: malformed_stream
@@ -134,11 +129,6 @@ def test_routed_to_an_upstream_in_either_format(litellm: LiteLLM, fmt: str, mode
     assert result.input_tokens is not None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="missing in the engine: ProbeResult has no served_model (the response's model id), "
-    "so a gateway's routing to another model is invisible",
-)
 def test_the_result_names_the_model_that_served_it(litellm: LiteLLM) -> None:
     events = _raw_events(
         litellm,
