@@ -135,7 +135,7 @@ def test_token_rate_limits(sim: SimulatorProcess) -> None:
     body = {"model": "tiny", "max_tokens": 600, "messages": [{"role": "user", "content": "hi"}]}
     first = httpx.post(url, json=body, headers=headers)
     assert first.status_code == 200
-    assert int(first.headers["x-ratelimit-remaining-tokens"]) < 400
+    assert int(first.headers["anthropic-ratelimit-tokens-remaining"]) < 400
     second = httpx.post(url, json=body, headers=headers)
     assert second.status_code == 429
     assert second.json()["error"]["type"] == "rate_limit_error"

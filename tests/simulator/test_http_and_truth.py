@@ -86,7 +86,7 @@ def test_the_sdks_stream_over_http2_with_many_streams_on_one_connection(
 
     versions, tokens, ids = asyncio.run(scenario())
     assert set(versions) == {"HTTP/2"}
-    assert tokens == [45] * 5  # 15 reasoning + 30 answer tokens
+    assert tokens == [30] * 5  # no thinking unless asked for: 30 answer tokens
     truth = httpx.get(f"{tls_sim.base_url}/_sim/requests/{ids[0]}", verify=tls_sim.ssl_context())
     assert truth.json()["http_version"] == "2"
 
