@@ -226,7 +226,9 @@ class SimulatorApp:
             slug: generation.PromptCache(p.cache_ttl_s) for slug, p in config.providers.items()
         }
         self.breakpoint_caches = {
-            slug: generation.BreakpointCache() for slug, p in config.providers.items()
+            slug: generation.BreakpointCache()
+            for slug, p in config.providers.items()
+            if FORMATS[p.wire].explicit_cache
         }
         self.limits = {
             slug: generation.RateLimiter(p.requests_per_minute, p.tokens_per_minute)
@@ -356,7 +358,7 @@ class SimulatorApp:
             wire.check_query(request.query)
             if wire.api_key(request.headers) not in provider.api_keys:
                 raise wire.unauthorized()
-            endpoint = wire.endpoint(request.method, path, request.query)
+            endpoint = wire.endpoint(request.method, path)
             if endpoint.kind == "models":
                 responder.respond(
                     200,

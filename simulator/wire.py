@@ -204,7 +204,7 @@ class WireFormat:
     # prefix caching (OpenAI and most OpenAI-compatible servers).
     explicit_cache: ClassVar[bool] = False
 
-    def endpoint(self, method: str, path: str, query: str) -> Endpoint:
+    def endpoint(self, method: str, path: str) -> Endpoint:
         """Which endpoint a request is for; HttpError when none."""
         if path == self.models_path and method == "GET":
             return Endpoint("models")
@@ -511,7 +511,7 @@ class AzureChat(OpenAIChat):
     name = "azure"
     path = "/openai/deployments/{deployment}/chat/completions"
 
-    def endpoint(self, method: str, path: str, query: str) -> Endpoint:
+    def endpoint(self, method: str, path: str) -> Endpoint:
         match = AZURE_DEPLOYMENT.match(path)
         if match is None:
             raise self._not_found()

@@ -100,12 +100,11 @@ def test_top_level_cache_control_caches_the_whole_prompt(sim: SimulatorProcess) 
 
 
 def test_a_longer_conversation_reads_the_earlier_breakpoint(sim: SimulatorProcess) -> None:
-    turn = {"role": "user", "content": [{"type": "text", "text": _unique(DOCUMENT)}]}
-    first = _usage(
-        sim, messages=[{**turn, "content": [{**turn["content"][0], "cache_control": EPHEMERAL}]}]
-    )
+    document = {"type": "text", "text": _unique(DOCUMENT)}
+    marked = {**document, "cache_control": EPHEMERAL}
+    first = _usage(sim, messages=[{"role": "user", "content": [marked]}])
     later = [
-        turn,
+        {"role": "user", "content": [document]},
         {"role": "assistant", "content": "Noted."},
         {
             "role": "user",

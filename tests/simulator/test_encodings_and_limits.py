@@ -97,23 +97,27 @@ def test_durations_are_written_the_way_openai_writes_them(seconds: float, text: 
 
 
 def test_openai_style_rate_limit_headers(sim: SimulatorProcess) -> None:
-    url = f"{sim.base_url}/limited/v1/chat/completions"
-    headers = {"authorization": "Bearer sk-test-limited-0123456789"}
-    response = httpx.post(url, json=OPENAI_BODY, headers=headers)
-    names = ("limit", "remaining", "reset")
-    for name in names:
-        for kind in ("requests", "tokens"):
-            assert f"x-ratelimit-{name}-{kind}" in response.headers
-    assert not any(h.startswith("anthropic-") for h in response.headers)
-    if response.status_code == 200:  # this test may run after others used the 3 a minute
-        assert response.headers["x-ratelimit-limit-requests"] == "3"
-        left = int(response.headers["x-ratelimit-remaining-requests"])
-        assert 0 <= left <= 2
-        # One request of three used: full again in 20 s, written as Go durations are.
-        reset = response.headers["x-ratelimit-reset-requests"]
-        assert GO_DURATION.match(reset), reset
-        assert reset in {"20s", "40s", "1m0s"}
-    assert GO_DURATION.match(response.headers["x-ratelimit-reset-tokens"])
+    url = f"{sim.base_url}/headroom/v1/chat/completions"
+    headers = {"authorization": "Bearer sk-test-headroom-0123456789"}
+    body = {**OPENAI_BODY, "max_tokens": 2000}
+    first = httpx.post(url, json=body, headers=headers)
+    second = httpx.post(url, json=body, headers=headers)
+    assert first.status_code == second.status_code == 200
+    assert not any(h.startswith("anthropic-") for h in first.headers)
+    assert first.headers["x-ratelimit-limit-requests"] == "600"
+    assert first.headers["x-ratelimit-limit-tokens"] == "100000"
+    used = 2000 + first.json()["usage"]["prompt_tokens"]  # max_tokens counts up front
+    assert first.headers["x-ratelimit-remaining-requests"] == "599"
+    assert second.headers["x-ratelimit-remaining-requests"] == "598"
+    assert int(first.headers["x-ratelimit-remaining-tokens"]) == 100_000 - used
+    assert int(second.headers["x-ratelimit-remaining-tokens"]) == 100_000 - 2 * used
+    # Back to full after used / limit of a minute, written as Go durations are.
+    assert first.headers["x-ratelimit-reset-requests"] == "100ms"
+    assert second.headers["x-ratelimit-reset-requests"] == "200ms"
+    assert second.headers["x-ratelimit-reset-tokens"] == go_duration(2 * used * 60 / 100_000)
+    assert GO_DURATION.match(second.headers["x-ratelimit-reset-tokens"])
+    assert second.headers["x-ratelimit-reset-tokens"].endswith("s")
+    assert "." in second.headers["x-ratelimit-reset-tokens"]  # 4,002 tokens of 100,000: "2.401s"
 
 
 def test_anthropic_style_rate_limit_headers(sim: SimulatorProcess) -> None:
