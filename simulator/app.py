@@ -358,6 +358,7 @@ class SimulatorApp:
             wire.check_query(request.query)
             if wire.api_key(request.headers) not in provider.api_keys:
                 raise wire.unauthorized()
+            wire.check_headers(request.headers)
             endpoint = wire.endpoint(request.method, path)
             if endpoint.kind == "models":
                 responder.respond(

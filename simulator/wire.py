@@ -217,6 +217,9 @@ class WireFormat:
     def check_query(self, query: str) -> None:
         """Refuse a request whose query string the API requires to differ (before auth)."""
 
+    def check_headers(self, headers: dict[str, str]) -> None:
+        """Refuse a request without a header the API requires (after auth)."""
+
     def api_key(self, headers: dict[str, str]) -> str:
         return headers.get("authorization", "").removeprefix("Bearer ").strip()
 
@@ -656,6 +659,10 @@ class AnthropicMessages(WireFormat):
 
     def unauthorized(self) -> HttpError:
         return HttpError(401, "invalid x-api-key")
+
+    def check_headers(self, headers: dict[str, str]) -> None:
+        if not headers.get("anthropic-version"):
+            raise HttpError(400, "anthropic-version: header is required")
 
     def model_not_found(self, model: object) -> HttpError:
         return HttpError(404, f"model: {model}")

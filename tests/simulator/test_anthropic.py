@@ -189,7 +189,7 @@ def _stream(sim: SimulatorProcess, **body: object) -> tuple[list[tuple[str, dict
         "POST",
         f"{sim.base_url}/claudish/v1/messages",
         json=payload,
-        headers={"x-api-key": ANTHROPIC_KEY},
+        headers={"x-api-key": ANTHROPIC_KEY, "anthropic-version": "2023-06-01"},
         timeout=10,
     ) as response:
         assert response.status_code == 200, response.read()
@@ -287,7 +287,11 @@ def test_overloaded_as_http_529_and_mid_stream(sim: SimulatorProcess) -> None:
             "max_tokens": 20,
             "messages": [{"role": "user", "content": "x"}],
         },
-        headers={"x-api-key": ANTHROPIC_KEY, "x-sim-fault": "http_529"},
+        headers={
+            "x-api-key": ANTHROPIC_KEY,
+            "anthropic-version": "2023-06-01",
+            "x-sim-fault": "http_529",
+        },
     )
     assert response.status_code == 529
     assert response.json() == {
@@ -303,7 +307,11 @@ def test_overloaded_as_http_529_and_mid_stream(sim: SimulatorProcess) -> None:
             "stream": True,
             "messages": [{"role": "user", "content": "x"}],
         },
-        headers={"x-api-key": ANTHROPIC_KEY, "x-sim-fault": "stream_error"},
+        headers={
+            "x-api-key": ANTHROPIC_KEY,
+            "anthropic-version": "2023-06-01",
+            "x-sim-fault": "stream_error",
+        },
     ) as streamed:
         assert streamed.status_code == 200
         events = _events(streamed)
@@ -345,3 +353,20 @@ def test_the_anthropic_sdk_with_thinking_and_cache_control(sim: SimulatorProcess
     assert first.usage.output_tokens == 230
     assert (first.usage.cache_creation_input_tokens or 0) > 2048
     assert second.usage.cache_read_input_tokens == first.usage.cache_creation_input_tokens
+
+
+def test_the_anthropic_version_header_is_required(sim: SimulatorProcess) -> None:
+    response = httpx.post(
+        f"{sim.base_url}/claudish/v1/messages",
+        json={
+            "model": "claudish-mid",
+            "max_tokens": 5,
+            "messages": [{"role": "user", "content": "x"}],
+        },
+        headers={"x-api-key": ANTHROPIC_KEY},
+    )
+    assert response.status_code == 400
+    assert response.json()["error"] == {
+        "type": "invalid_request_error",
+        "message": "anthropic-version: header is required",
+    }

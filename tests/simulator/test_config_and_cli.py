@@ -159,7 +159,8 @@ def test_the_demo_shows_each_real_apis_behaviour() -> None:
 def test_the_demo_config_serves() -> None:
     with SimulatorProcess(CONFIGS / "demo.toml", seed=1) as demo:
         models = httpx.get(
-            f"{demo.base_url}/lyra/v1/models", headers={"x-api-key": "sk-sim-lyra-demo-key"}
+            f"{demo.base_url}/lyra/v1/models",
+            headers={"x-api-key": "sk-sim-lyra-demo-key", "anthropic-version": "2023-06-01"},
         ).json()
         assert [m["id"] for m in models["data"]] == ["lyra-sonnet"]
         # Demo providers ignore x-sim-fault: faults there come from configured probabilities.
@@ -199,7 +200,7 @@ def test_the_demo_config_serves() -> None:
 
 def test_token_rate_limits(sim: SimulatorProcess) -> None:
     url = f"{sim.base_url}/tokenlimited/v1/messages"
-    headers = {"x-api-key": "sk-test-tokenlimited-0123456789"}
+    headers = {"x-api-key": "sk-test-tokenlimited-0123456789", "anthropic-version": "2023-06-01"}
     body = {"model": "tiny", "max_tokens": 600, "messages": [{"role": "user", "content": "hi"}]}
     first = httpx.post(url, json=body, headers=headers)
     assert first.status_code == 200

@@ -62,7 +62,7 @@ def test_openai_style_providers_parse_msgpack_as_json_and_refuse_it(
 def test_anthropic_style_providers_refuse_msgpack_in_their_shape(sim: SimulatorProcess) -> None:
     body = {"model": "tiny", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
     url = f"{sim.base_url}/hugeclaude/v1/messages"
-    auth = {"x-api-key": "sk-test-hugeclaude-0123456789"}
+    auth = {"x-api-key": "sk-test-hugeclaude-0123456789", "anthropic-version": "2023-06-01"}
     response = httpx.post(url, content=_packed(body), headers={**auth, **MSGPACK_GZIP})
     assert response.status_code == 400
     error = response.json()
@@ -81,7 +81,11 @@ def test_bad_msgpack_is_a_400_where_msgpack_is_taken(sim: SimulatorProcess) -> N
     response = httpx.post(
         f"{sim.base_url}/claudish/v1/messages",
         content=b"\xc1\xc1\xc1",
-        headers={"x-api-key": ANTHROPIC_KEY, "content-type": "application/vnd.msgpack"},
+        headers={
+            "x-api-key": ANTHROPIC_KEY,
+            "anthropic-version": "2023-06-01",
+            "content-type": "application/vnd.msgpack",
+        },
     )
     assert response.status_code == 400
     assert response.json()["error"]["type"] == "invalid_request_error"
@@ -128,7 +132,9 @@ def test_anthropic_style_rate_limit_headers(sim: SimulatorProcess) -> None:
         "messages": [{"role": "user", "content": "hi"}],
     }
     before = datetime.now(UTC).replace(microsecond=0)
-    response = httpx.post(url, json=body, headers={"x-api-key": ANTHROPIC_KEY})
+    response = httpx.post(
+        url, json=body, headers={"x-api-key": ANTHROPIC_KEY, "anthropic-version": "2023-06-01"}
+    )
     assert response.status_code == 200
     assert not any(h.startswith("x-ratelimit-") for h in response.headers)
     for kind in ("requests", "tokens", "input-tokens", "output-tokens"):
@@ -157,7 +163,7 @@ def test_anthropic_style_rate_limit_headers(sim: SimulatorProcess) -> None:
         (
             "hugeclaude",
             "/v1/messages",
-            {"x-api-key": "sk-test-hugeclaude-0123456789"},
+            {"x-api-key": "sk-test-hugeclaude-0123456789", "anthropic-version": "2023-06-01"},
             {"model": "tiny", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]},
         ),
     ],

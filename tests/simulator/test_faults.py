@@ -24,6 +24,7 @@ def _request(sim: SimulatorProcess, fmt: str, fault: str = "", **body: object) -
     else:
         url = f"{sim.base_url}/claudish/v1/messages"
         headers["x-api-key"] = ANTHROPIC_KEY
+        headers["anthropic-version"] = "2023-06-01"
         payload = {"model": "claudish-mid", "max_tokens": 20, "stream": True}
     payload["messages"] = [{"role": "user", "content": "hello"}]
     payload.update(body)

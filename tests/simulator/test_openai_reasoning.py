@@ -214,3 +214,24 @@ def test_the_openai_sdk_streams_a_reasoning_model(sim: SimulatorProcess) -> None
     assert usage.completion_tokens_details.reasoning_tokens == 16
     with pytest.raises(openai.BadRequestError, match="max_completion_tokens"):
         client.chat.completions.create(model="o-think", messages=QUESTION, max_tokens=10)  # type: ignore[arg-type]
+
+
+def test_a_stream_cut_short_counts_the_hidden_tokens_before_it(sim: SimulatorProcess) -> None:
+    body = {"model": "o-think", "messages": QUESTION, "stream": True}
+    lines: list[str] = []
+    with (
+        httpx.stream(
+            "POST",
+            f"{sim.base_url}/oaisim/v1/chat/completions",
+            json=body,
+            headers={"authorization": f"Bearer {KEY}", "x-sim-fault": "stall_mid"},
+            timeout=httpx.Timeout(5, read=0.5),
+        ) as response,
+        pytest.raises(httpx.ReadTimeout),
+    ):
+        lines.extend(response.iter_lines())
+    assert sum('"content":" ' in line for line in lines) == 5
+    truth = httpx.get(f"{sim.base_url}/_sim/requests/{response.headers['x-sim-request-id']}").json()
+    # Five answer tokens went out, after all 40 hidden reasoning tokens were generated.
+    assert (truth["streamed_tokens"], truth["hidden_tokens"], truth["output_tokens"]) == (5, 40, 45)
+    assert truth["end_at"] is None
