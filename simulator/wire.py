@@ -183,17 +183,23 @@ class StreamContext:
             yield i, base + offsets[i], text, ANSWER
             i += 1
 
-    def waiting_steps(self) -> Iterator[Step]:
-        """The waiting comments, each at its time; ends at the time data may start."""
-        waiting = self.waiting
-        if waiting is None:
-            return
+    @property
+    def data_at(self) -> float | None:
+        """When a stream that sends waiting comments sends its first data event."""
+        if self.waiting is None:
+            return None
         plan = self.plan
-        until = self.base_at + (plan.ttft_s if waiting.until_first_token else plan.queue_s)
-        at = self.base_at + waiting.interval_s
+        return self.base_at + (plan.ttft_s if self.waiting.until_first_token else plan.queue_s)
+
+    def waiting_steps(self) -> Iterator[Step]:
+        """The waiting comments, each at its time, until data may start."""
+        until = self.data_at
+        if self.waiting is None or until is None:
+            return
+        at = self.base_at + self.waiting.interval_s
         while at < until:
-            yield at, waiting.comment, FRAME
-            at += waiting.interval_s
+            yield at, self.waiting.comment, FRAME
+            at += self.waiting.interval_s
 
 
 class WireFormat:
@@ -438,12 +444,8 @@ class OpenAIChat(WireFormat):
 
     def steps(self, ctx: StreamContext) -> Iterator[Step]:
         frames = self._frames(ctx)
-        opening_at = None
-        if ctx.waiting is not None:
-            yield from ctx.waiting_steps()
-            waited = ctx.plan.ttft_s if ctx.waiting.until_first_token else ctx.plan.queue_s
-            opening_at = ctx.base_at + waited
-        yield opening_at, frames.opening, FRAME
+        yield from ctx.waiting_steps()
+        yield ctx.data_at, frames.opening, FRAME
         before, after = frames.before, frames.after
         reasoning_key = b'{"' + ctx.reasoning_key.encode() + b'":'
         malformed_at = ctx.malformed_at
