@@ -5,7 +5,7 @@ API refuses, with its error) and decides the response's shape: the token limit, 
 reasoning, how much of it is streamed, the service tier's queueing, and what the stream sends
 while the request waits. The wire format (simulator/wire.py) renders the result.
 
-Sources for every behaviour are in simulator/README.md ("Model profiles").
+Sources for every behaviour are in simulator/README.md ("Profiles", "Sources").
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ EXTENDED_THINKING_DOCS = "https://docs.claude.com/en/docs/build-with-claude/exte
 
 
 @dataclass(frozen=True)
-class Request:
+class ShapedRequest:
     """What a profile made of a request: its shape, and how the stream renders it."""
 
     shape: Shape
@@ -53,7 +53,7 @@ def _int(value: Any, name: str) -> int:
 class ModelProfile:
     name: ClassVar[str]
 
-    def read(self, body: dict[str, Any], profile: Profile) -> Request:
+    def read(self, body: dict[str, Any], profile: Profile) -> ShapedRequest:
         raise NotImplementedError
 
 
@@ -64,7 +64,7 @@ class OpenAICompatible(ModelProfile):
     name = "openai-compatible"
     reasoning_key = "reasoning_content"
 
-    def read(self, body: dict[str, Any], profile: Profile) -> Request:
+    def read(self, body: dict[str, Any], profile: Profile) -> ShapedRequest:
         raw = body.get("max_tokens") or body.get("max_completion_tokens")
         max_tokens = 4096 if raw is None else _int(raw, "max_tokens")
         if max_tokens < 1:
@@ -74,7 +74,7 @@ class OpenAICompatible(ModelProfile):
             reasoning_tokens=profile.reasoning_tokens,
             reasoning_in_max=profile.max_tokens_includes_reasoning,
         )
-        return Request(shape, self.reasoning_key, self._waiting(profile))
+        return ShapedRequest(shape, self.reasoning_key, self._waiting(profile))
 
     def _waiting(self, profile: Profile) -> Waiting | None:
         return None
@@ -108,7 +108,7 @@ class OpenAIReasoning(ModelProfile):
 
     name = "openai-reasoning"
 
-    def read(self, body: dict[str, Any], profile: Profile) -> Request:
+    def read(self, body: dict[str, Any], profile: Profile) -> ShapedRequest:
         if body.get("max_tokens") is not None:
             raise HttpError(
                 400,
@@ -171,7 +171,7 @@ class OpenAIReasoning(ModelProfile):
             rate_factor=rate_factor,
             service_tier=served_tier,
         )
-        return Request(shape)
+        return ShapedRequest(shape)
 
 
 class Anthropic(ModelProfile):
@@ -181,7 +181,7 @@ class Anthropic(ModelProfile):
 
     name = "anthropic"
 
-    def read(self, body: dict[str, Any], profile: Profile) -> Request:
+    def read(self, body: dict[str, Any], profile: Profile) -> ShapedRequest:
         if "max_completion_tokens" in body:
             raise HttpError(400, "max_completion_tokens: Extra inputs are not permitted")
         if body.get("max_tokens") is None:
@@ -236,7 +236,7 @@ class Anthropic(ModelProfile):
             answer_room=0,
             shown_ratio=profile.thinking_summary_ratio,
         )
-        return Request(shape, thinking=budget > 0)
+        return ShapedRequest(shape, thinking=budget > 0)
 
 
 PROFILES: dict[str, ModelProfile] = {
