@@ -302,7 +302,8 @@ class Frames:
     before: bytes
     after: bytes
     final: bytes  # the chunk carrying finish_reason
-    usage: bytes  # the usage chunk (choices: [])
+    usage_head: bytes  # the usage chunk (choices: []) is usage_head + usage + usage_tail
+    usage_tail: bytes
 
 
 class OpenAIChat(WireFormat):
@@ -439,7 +440,8 @@ class OpenAIChat(WireFormat):
             before=before,
             after=after,
             final=final,
-            usage=head + b'"choices":[],"usage":' + _dumps(self.usage(ctx.plan)) + b"}\n\n",
+            usage_head=head + b'"choices":[],"usage":',
+            usage_tail=b"}\n\n",
         )
 
     def steps(self, ctx: StreamContext) -> Iterator[Step]:
@@ -463,7 +465,7 @@ class OpenAIChat(WireFormat):
         send_usage = "no_usage" not in ctx.faults
         usage = b""
         if send_usage and (ctx.include_usage or "usage_after_done" in ctx.faults):
-            usage = frames.usage
+            usage = frames.usage_head + _dumps(self.usage(ctx.plan)) + frames.usage_tail
         if "usage_after_done" in ctx.faults:
             yield end_at, frames.final + b"data: [DONE]\n\n" + usage, FRAME
         else:
@@ -631,11 +633,8 @@ class AzureChat(OpenAIChat):
             before=before,
             after=after,
             final=chunk(b"{}", b"{}", _js(ctx.plan.finish_reason)),
-            usage=b'data: {"choices":[],'
-            + tail
-            + b',"usage":'
-            + _dumps(self.usage(ctx.plan))
-            + b"}\n\n",
+            usage_head=b'data: {"choices":[],' + tail + b',"usage":',
+            usage_tail=b"}\n\n",
         )
 
 
