@@ -141,7 +141,7 @@ def shown_indices(total: int, ratio: float) -> list[int]:
     return [(k + 1) * total // shown - 1 for k in range(shown)]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Shape:
     """What a model profile made of one request (simulator/profiles.py)."""
 
@@ -361,7 +361,7 @@ def tokenize_parts(parts: list[str]) -> tuple[list[int], list[int]]:
     return tokens, ends
 
 
-@dataclass
+@dataclass(slots=True)
 class Usage:
     """A rate limiter's state after a request: what the window holds now."""
 

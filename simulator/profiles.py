@@ -34,7 +34,7 @@ THINKING_MIN_BUDGET = 1024
 EXTENDED_THINKING_DOCS = "https://docs.claude.com/en/docs/build-with-claude/extended-thinking"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ShapedRequest:
     """What a profile made of a request: its shape, and how the stream renders it."""
 

@@ -61,7 +61,7 @@ class Waiting:
     until_first_token: bool  # False: only during the queue delay
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Endpoint:
     kind: str  # "generate" | "models"
     model: str | None = None  # a model named by the URL (Azure deployments)
@@ -115,7 +115,7 @@ def rfc3339(seconds_from_now: float) -> str:
     return at.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-@dataclass
+@dataclass(slots=True)
 class Limits:
     """Rate-limit figures for the headers of one response."""
 
@@ -142,7 +142,7 @@ class Limits:
         return min(60.0, 60.0 * used / limit) if limit else 0.0
 
 
-@dataclass
+@dataclass(slots=True)
 class StreamContext:
     plan: Plan
     request_id: str
@@ -294,7 +294,7 @@ class WireFormat:
         raise NotImplementedError
 
 
-@dataclass
+@dataclass(slots=True)
 class Frames:
     """The byte templates of one OpenAI-style stream: a token chunk is before + delta + after."""
 
