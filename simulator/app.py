@@ -4,6 +4,8 @@ Routes, per provider slug:
     POST /<slug>/v1/chat/completions     OpenAI Chat Completions (format = "openai")
     POST /<slug>/v1/messages             Anthropic Messages (format = "anthropic")
     GET  /<slug>/v1/models
+    POST /<slug>/openai/deployments/<deployment>/chat/completions?api-version=YYYY-MM-DD
+                                         Azure OpenAI (format = "openai", profile = "azure-openai")
 Ground truth and health (no auth):
     GET /_sim/health    GET /_sim/stats    GET|POST /_sim/stats/reset
     GET /_sim/requests/<x-sim-request-id>
@@ -31,6 +33,7 @@ import msgpack
 
 from simulator import generation
 from simulator.config import FAULTS, Config, Provider
+from simulator.profiles import PROFILES
 from simulator.server import Request, Responder
 from simulator.wire import (
     ABORT,
@@ -39,7 +42,9 @@ from simulator.wire import (
     FORMATS,
     FRAME,
     REASONING,
+    Endpoint,
     HttpError,
+    Limits,
     Step,
     StreamContext,
     WireFormat,
@@ -70,10 +75,14 @@ class Truth:
     first_answer_token_at: float | None = None
     last_token_at: float | None = None
     end_at: float | None = None
-    output_tokens: int = 0
-    reasoning_tokens: int = 0
+    output_tokens: int = 0  # billed (as usage reports them), so far
+    reasoning_tokens: int = 0  # billed reasoning, shown or hidden
+    streamed_tokens: int = 0  # sent to the client (a whole body: the tokens it shows)
+    hidden_tokens: int = 0  # billed but never sent (hidden reasoning, unsummarized thinking)
     input_tokens: int = 0
     cached_tokens: int = 0
+    cache_creation_tokens: int = 0
+    service_tier: str | None = None
     correct: bool | None = None
     faults: list[str] = field(default_factory=list)
     planned_ttft_ms: float | None = None
@@ -113,12 +122,22 @@ class Player:
     """
 
     def __init__(
-        self, responder: Responder, steps: Iterator[Step], truth: Truth, lags: deque[float]
+        self,
+        responder: Responder,
+        steps: Iterator[Step],
+        truth: Truth,
+        lags: deque[float],
+        hidden_before: list[int] | None = None,
+        final: tuple[int, int, int] | None = None,
     ) -> None:
         self.responder = responder
         self.steps = steps
         self.truth = truth
         self.lags = lags
+        # Billed tokens generated unseen before each sent token, and the totals (output,
+        # reasoning, hidden) to record when the stream completes.
+        self.hidden_before = hidden_before
+        self.final = final
         self.loop = asyncio.get_running_loop()
         self.done: asyncio.Future[None] = self.loop.create_future()
         self.step: Step | None = None
@@ -177,9 +196,18 @@ class Player:
                 truth.reasoning_tokens += 1
             truth.last_token_at = sent
             truth.output_tokens += 1
+            if self.hidden_before is not None:
+                hidden = self.hidden_before[truth.streamed_tokens]
+                truth.hidden_tokens += hidden
+                truth.reasoning_tokens += hidden
+                truth.output_tokens += hidden
+            truth.streamed_tokens += 1
         return None
 
     def _end(self) -> None:
+        if self.final is not None:
+            truth = self.truth
+            truth.output_tokens, truth.reasoning_tokens, truth.hidden_tokens = self.final
         self.responder.end()
         self.truth.end_at = _clock()
         self._finish()
@@ -192,8 +220,15 @@ class SimulatorApp:
     def __init__(self, config: Config, seed: int | None = None) -> None:
         self.config = config
         self.truths: OrderedDict[str, Truth] = OrderedDict()
+        # OpenAI-style providers cache prompt prefixes automatically; Anthropic only at
+        # cache_control breakpoints.
         self.caches = {
             slug: generation.PromptCache(p.cache_ttl_s) for slug, p in config.providers.items()
+        }
+        self.breakpoint_caches = {
+            slug: generation.BreakpointCache()
+            for slug, p in config.providers.items()
+            if FORMATS[p.wire].explicit_cache
         }
         self.limits = {
             slug: generation.RateLimiter(p.requests_per_minute, p.tokens_per_minute)
@@ -255,19 +290,30 @@ class SimulatorApp:
             self._json(responder, 404, {"error": "not found"})
 
     @staticmethod
-    def _decode(request: Request) -> dict[str, Any]:
+    def _decode(provider: Provider, wire: WireFormat, request: Request) -> dict[str, Any]:
+        """The body as the provider reads it: msgpack only where the provider takes it
+        (Cerebras does); everywhere else the bytes are parsed as JSON, whatever the
+        content-type says, and fail as JSON does. gzip is undone first."""
         body, headers = request.body, request.headers
-        try:
-            if headers.get("content-encoding", "").strip().lower() == "gzip":
+        if headers.get("content-encoding", "").strip().lower() == "gzip":
+            try:
                 body = gzip.decompress(body)
-            if "msgpack" in headers.get("content-type", ""):
+            except (OSError, EOFError, ValueError):
+                raise HttpError(400, "The request body is not valid gzip.") from None
+        if provider.accepts_msgpack and "msgpack" in headers.get("content-type", ""):
+            try:
                 data = msgpack.unpackb(body, raw=False)
-            else:
+            except msgpack.StackError:
+                raise HttpError(400, "The request body is nested too deeply.") from None
+            except (ValueError, msgpack.UnpackException):
+                raise HttpError(400, "The request body is not valid msgpack.") from None
+        else:
+            try:
                 data = json.loads(body)
-        except (OSError, ValueError, EOFError, msgpack.ExtraData, msgpack.FormatError):
-            raise HttpError(400, "The request body is not valid JSON or msgpack.") from None
-        except msgpack.StackError:
-            raise HttpError(400, "The request body is nested too deeply.") from None
+            except ValueError as exc:
+                raise wire.invalid_body(str(exc)) from None
+            except RecursionError:
+                raise HttpError(400, "The request body is nested too deeply.") from None
         if not isinstance(data, dict):
             raise HttpError(400, "The request body must be an object.")
         return data
@@ -288,31 +334,12 @@ class SimulatorApp:
         while len(self.truths) > KEEP_TRUTHS:
             self.truths.popitem(last=False)
 
-    @staticmethod
-    def _limit_headers(
-        provider: Provider, left_requests: int, left_tokens: int, reset_s: float
-    ) -> list[tuple[str, str]]:
-        headers = [
-            ("x-ratelimit-limit-requests", str(provider.requests_per_minute or 1_000_000)),
-            ("x-ratelimit-limit-tokens", str(provider.tokens_per_minute or 1_000_000_000)),
-            ("x-ratelimit-remaining-requests", str(left_requests)),
-            ("x-ratelimit-remaining-tokens", str(left_tokens)),
-            ("x-ratelimit-reset-requests", f"{reset_s:.0f}s"),
-            ("x-ratelimit-reset-tokens", f"{reset_s:.0f}s"),
-        ]
-        if provider.format == "anthropic":
-            headers += [
-                ("anthropic-ratelimit-requests-remaining", str(left_requests)),
-                ("anthropic-ratelimit-tokens-remaining", str(left_tokens)),
-            ]
-        return headers
-
     # --- provider endpoints -------------------------------------------------------------
 
     async def _provider(
         self, provider: Provider, path: str, request: Request, responder: Responder
     ) -> None:
-        wire = FORMATS[provider.format]
+        wire = FORMATS[provider.wire]
         self.requests_served += 1
         truth = Truth(
             id=f"{self.id_prefix}-{next(_ids)}",
@@ -321,25 +348,26 @@ class SimulatorApp:
             http_version=request.http_version,
             received_at=request.received_at,
         )
-        headers = [("x-sim-request-id", truth.id), ("x-sim-label", "simulated")]
-        if provider.format == "anthropic":
-            headers.append(("request-id", truth.id))  # probes may read this one first
+        headers = [
+            ("x-sim-request-id", truth.id),
+            ("x-sim-label", "simulated"),
+            *wire.response_headers(truth.id),
+        ]
         self._remember(truth)
         try:
+            wire.check_query(request.query)
             if wire.api_key(request.headers) not in provider.api_keys:
-                raise HttpError(401, "Incorrect API key provided.", code="invalid_api_key")
-            if path == "/v1/models" and request.method == "GET":
+                raise wire.unauthorized()
+            wire.check_headers(request.headers)
+            endpoint = wire.endpoint(request.method, path)
+            if endpoint.kind == "models":
                 responder.respond(
                     200,
                     [("content-type", "application/json"), *headers],
                     wire.models_body(provider),
                 )
                 return
-            if path != wire.path:
-                raise HttpError(404, f"Unknown request URL: {request.method} {path}")
-            if request.method != "POST":
-                raise HttpError(405, f"Method {request.method} not allowed on {path}")
-            await self._generate(provider, wire, request, responder, truth, headers)
+            await self._generate(provider, wire, endpoint, request, responder, truth, headers)
         except HttpError as err:
             truth.status = err.status
             truth.end_at = responder.respond(
@@ -349,53 +377,56 @@ class SimulatorApp:
             )
             truth.headers_sent_at = truth.end_at
 
+    async def _tokens(self, wire: WireFormat, parts: list[str]) -> tuple[list[int], list[int]]:
+        """The prompt's tokens and, for block-aware caching, the token count at each block's
+        end. Long prompts are tokenized in a thread, off the event loop."""
+        count = sum(map(len, parts))
+        if wire.explicit_cache:
+            if count > TOKENIZE_INLINE_CHARS:
+                loop = asyncio.get_running_loop()
+                return await loop.run_in_executor(None, generation.tokenize_parts, parts)
+            return generation.tokenize_parts(parts)
+        text = "\n".join(parts)
+        if count > TOKENIZE_INLINE_CHARS:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(None, generation.prompt_tokens, text), []
+        return generation.prompt_tokens(text), []
+
     async def _generate(
         self,
         provider: Provider,
         wire: WireFormat,
+        endpoint: Endpoint,
         request: Request,
         responder: Responder,
         truth: Truth,
         headers: list[tuple[str, str]],
     ) -> None:
-        body = self._decode(request)
+        body = self._decode(provider, wire, request)
         faults = self._faults(provider, request.headers)
         truth.faults = sorted(faults)
         if "reject_stream_options" in faults and "stream_options" in body:
             raise HttpError(400, "Unrecognized request argument supplied: stream_options")
-        model = body.get("model")
+        model = endpoint.model or body.get("model")
         profile = provider.models.get(str(model))
         if profile is None:
-            raise HttpError(
-                404, f"The model `{model}` does not exist or you do not have access to it.",
-                code="model_not_found",
-            )  # fmt: skip
+            raise wire.model_not_found(model)
         truth.model = profile.id
         if not isinstance(body.get("messages"), list) or not body["messages"]:
-            raise HttpError(400, "messages: a non-empty list is required.")
-        raw_max = body.get("max_tokens") or body.get("max_completion_tokens")
-        if raw_max is None and provider.format == "anthropic":
-            raise HttpError(400, "max_tokens: Field required")
-        try:
-            max_tokens = int(raw_max or 4096)
-        except (TypeError, ValueError):
-            raise HttpError(400, "max_tokens must be an integer.") from None
-        if max_tokens < 1:
-            raise HttpError(400, "max_tokens must be at least 1.")
-        prompt = wire.prompt_text(body)
-        if len(prompt) > TOKENIZE_INLINE_CHARS:
-            loop = asyncio.get_running_loop()
-            tokens = await loop.run_in_executor(None, generation.prompt_tokens, prompt)
-        else:
-            tokens = generation.prompt_tokens(prompt)
+            raise HttpError(400, "messages: a non-empty list is required.", param="messages")
+        shaped = PROFILES[profile.profile].read(body, profile)
+        prompt = wire.prompt(body)
+        tokens, block_ends = await self._tokens(wire, prompt.parts)
         truth.input_tokens = len(tokens)
 
         limiter = self.limits[provider.slug]
-        allowed, left_requests, left_tokens, retry_after_s = limiter.check(len(tokens) + max_tokens)
+        usage = limiter.check(len(tokens), shaped.shape.max_tokens)
+        allowed, retry_after_s = usage.allowed, usage.retry_after_s
         if "http_429" in faults:
             allowed, retry_after_s = False, max(retry_after_s, 1.0)
         # Extends the caller's list: a 429 raised below carries these headers too.
-        headers.extend(self._limit_headers(provider, left_requests, left_tokens, retry_after_s))
+        limits = Limits.of(provider, usage, inf="ratelimit_inf" in faults)
+        headers.extend(wire.limit_headers(limits))
         if not allowed:
             raise HttpError(
                 429,
@@ -407,12 +438,26 @@ class SimulatorApp:
             raise HttpError(500, "The server had an error while processing your request.")
         if "http_503" in faults:
             raise HttpError(503, "The engine is currently overloaded, please try again later.")
+        if "http_529" in faults:
+            raise HttpError(529, "Overloaded")
 
         seed = request.headers.get("x-sim-seed", "").strip()
         rng = random.Random(int(seed)) if seed.lstrip("-").isdigit() else self.rng
-        cached = self.caches[provider.slug].lookup_and_store(profile.id, tokens)
-        plan = generation.plan(profile, prompt, max_tokens, cached, len(tokens), rng)
+        created = 0
+        if wire.explicit_cache:
+            cached, created = self.breakpoint_caches[provider.slug].lookup_and_store(
+                profile.id, tokens, block_ends, prompt.breakpoints, profile.min_cacheable_tokens
+            )
+        else:
+            cached = self.caches[provider.slug].lookup_and_store(profile.id, tokens)
+        shape = shaped.shape
+        plan = generation.plan(
+            profile, prompt.text, shape.max_tokens, cached, len(tokens), rng, shape
+        )
+        plan.cache_creation_tokens = created
         truth.cached_tokens = cached
+        truth.cache_creation_tokens = created
+        truth.service_tier = plan.service_tier
         truth.correct = plan.correct
         truth.planned_ttft_ms = plan.ttft_s * 1000
         truth.planned_tokens_per_s = plan.decode_tokens_per_s
@@ -420,10 +465,13 @@ class SimulatorApp:
         ctx = StreamContext(
             plan=plan,
             request_id=truth.id,
-            model=profile.id,
+            model=profile.model_name,
             base_at=truth.received_at,
             include_usage=bool((body.get("stream_options") or {}).get("include_usage")),
             faults=faults,
+            reasoning_key=shaped.reasoning_key,
+            waiting=shaped.waiting,
+            thinking=shaped.thinking,
         )
         if "stall_headers" in faults:
             await responder.wait_closed()
@@ -448,7 +496,7 @@ class SimulatorApp:
         headers: list[tuple[str, str]],
     ) -> None:
         plan = ctx.plan
-        await asyncio.sleep(max(0.0, truth.received_at + plan.offsets_s[-1] - _clock()))
+        await asyncio.sleep(max(0.0, truth.received_at + plan.end_s - _clock()))
         body = wire.whole_body(ctx)
         truth.headers_sent_at = responder.start(
             200, [("content-type", "application/json"), *headers], len(body)
@@ -457,9 +505,11 @@ class SimulatorApp:
         truth.end_at = responder.end()
         # The whole answer arrives at once: every token time is the body's send time.
         truth.first_token_at = truth.last_token_at = sent
-        truth.first_answer_token_at = sent
+        truth.first_answer_token_at = sent if plan.answer else None
         truth.output_tokens = plan.output_tokens
-        truth.reasoning_tokens = len(plan.reasoning)
+        truth.reasoning_tokens = plan.reasoning_tokens
+        truth.hidden_tokens = plan.hidden_reasoning
+        truth.streamed_tokens = plan.shown_tokens
 
     async def _stream(
         self,
@@ -497,7 +547,11 @@ class SimulatorApp:
                     await responder.drain()
         except ConnectionError:
             return
-        player = Player(responder, wire.steps(ctx), truth, self.lags_ms)
+        plan = ctx.plan
+        final = None
+        if ctx.cut is None:
+            final = (plan.output_tokens, plan.reasoning_tokens, plan.hidden_reasoning)
+        player = Player(responder, wire.steps(ctx), truth, self.lags_ms, plan.hidden_before, final)
         player.start()
         await player.done
 

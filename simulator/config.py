@@ -3,27 +3,39 @@
 [[providers]]
 slug = "fastchip"              # reached at /fastchip/v1/... (OpenAI) or /fastchip/v1/messages
 format = "openai"              # or "anthropic"
+profile = "azure-openai"       # provider profile (optional): the format's own API by default;
+                               # "azure-openai" = api-key header, /openai/deployments/<id>/...
 api_keys = ["sk-sim-fastchip"]
 allow_fault_header = true      # honour x-sim-fault (tests); false in a real demo
+accepts_msgpack = false        # true: application/vnd.msgpack bodies are read (Cerebras does)
 requests_per_minute = 600      # 0 = unlimited; past it: 429 with retry-after
 tokens_per_minute = 0
+advertised_requests_per_minute = 1000000   # the limit headers show when none is enforced
+advertised_tokens_per_minute = 1000000000  # (10**12 and values past 2**31-1 are allowed)
 [providers.faults]             # probabilities per request (demo realism)
 http_500 = 0.01
 [[providers.models]]
 id = "wafer-70b"
+profile = "openai-reasoning"   # model profile (optional): see MODEL_PROFILES
+served_model = ""              # the model id responses report (default: id)
 queue_ms = 20                  # median queue delay; lognormal with queue_sigma (long tail)
 queue_sigma = 0.5
 prefill_tokens_per_s = 8000    # TTFT grows with uncached input tokens
 decode_tokens_per_s = 1800     # generation speed; per-request lognormal jitter decode_sigma
 decode_sigma = 0.05
 itl_sigma = 0.2                # per-token gap jitter (lognormal, mean kept)
-reasoning_tokens = 0           # generated before the answer (reasoning models)
+reasoning_tokens = 0           # generated before the answer (reasoning models; at medium
+                               # effort for openai-reasoning; the most a thinking model uses)
 output_tokens = 200            # typical answer length (max_tokens caps it)
 quality = 0.95                 # probability of answering an eval question right
+keepalive_interval_ms = 1000   # deepseek-/openrouter-reasoning: SSE comments while waiting
+min_cacheable_tokens = 1024    # anthropic: shortest prefix a cache_control breakpoint caches
+thinking_summary_ratio = 1.0   # anthropic: streamed thinking / billed thinking tokens
 """
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +44,7 @@ from typing import Any
 FAULTS = (
     "http_500",
     "http_503",
+    "http_529",
     "http_429",
     "stall_headers",
     "stall_mid",
@@ -44,7 +57,23 @@ FAULTS = (
     "huge_response",
     "huge_line",
     "truncated",
+    "ratelimit_inf",
 )
+
+# Model profiles each format allows; the first is the default.
+MODEL_PROFILES: dict[str, tuple[str, ...]] = {
+    "openai": (
+        "openai-compatible",  # a generic server (vLLM and the like); reasoning streamed
+        "openai-reasoning",  # o-series / GPT-5: hidden reasoning, max_completion_tokens
+        "deepseek-reasoning",  # reasoning_content deltas, ": keep-alive" while queued
+        "openrouter-reasoning",  # reasoning deltas, ": OPENROUTER PROCESSING" while waiting
+    ),
+    "anthropic": ("anthropic",),
+}
+PROVIDER_PROFILES: dict[str, tuple[str, ...]] = {
+    "openai": ("openai", "azure-openai"),
+    "anthropic": ("anthropic",),
+}
 
 
 class ConfigError(Exception):
@@ -54,6 +83,8 @@ class ConfigError(Exception):
 @dataclass(frozen=True)
 class Profile:
     id: str
+    profile: str = ""
+    served_model: str = ""
     queue_ms: float = 20.0
     queue_sigma: float = 0.3
     prefill_tokens_per_s: float = 10_000.0
@@ -62,15 +93,24 @@ class Profile:
     # Per-token gap jitter (lognormal, mean kept): inter-token latency varies within a response.
     itl_sigma: float = 0.0
     reasoning_tokens: int = 0
-    # OpenAI o-series and Anthropic count reasoning against max_tokens; many servers do not.
+    # Generic servers: whether reasoning counts against max_tokens (many do not). Reasoning
+    # profiles decide for themselves (OpenAI and Anthropic always count it).
     max_tokens_includes_reasoning: bool = False
     output_tokens: int = 200
     quality: float = 0.9
+    keepalive_interval_ms: float = 1000.0
+    min_cacheable_tokens: int = 1024
+    thinking_summary_ratio: float = 1.0
     label: str = "simulated"
     # Not used by the server; the demo data loader copies them onto its Routes.
     price_input_per_mtok: float = 0.0
     price_output_per_mtok: float = 0.0
     quality_index: float | None = None
+
+    @property
+    def model_name(self) -> str:
+        """The model id responses report."""
+        return self.served_model or self.id
 
 
 @dataclass(frozen=True)
@@ -79,9 +119,13 @@ class Provider:
     format: str
     api_keys: tuple[str, ...]
     models: dict[str, Profile]
+    profile: str = ""
     allow_fault_header: bool = False
+    accepts_msgpack: bool = False
     requests_per_minute: int = 0
     tokens_per_minute: int = 0
+    advertised_requests_per_minute: int = 1_000_000
+    advertised_tokens_per_minute: int = 1_000_000_000
     cache_ttl_s: float = 300.0
     # False: response headers go out as soon as the request is read (most providers);
     # True: after the queue delay, so time to headers includes queueing.
@@ -89,13 +133,18 @@ class Provider:
     faults: dict[str, float] = field(default_factory=dict)
     name: str = ""
 
+    @property
+    def wire(self) -> str:
+        """The key of this provider's wire format in simulator.wire.FORMATS."""
+        return "azure" if self.profile == "azure-openai" else self.format
+
 
 @dataclass(frozen=True)
 class Config:
     providers: dict[str, Provider]
 
 
-def _profile(raw: dict[str, Any], where: str) -> Profile:
+def _profile(raw: dict[str, Any], fmt: str, where: str) -> Profile:
     known = set(Profile.__dataclass_fields__)
     unknown = set(raw) - known
     if unknown:
@@ -103,10 +152,21 @@ def _profile(raw: dict[str, Any], where: str) -> Profile:
     if "id" not in raw:
         raise ConfigError(f"{where}: a model needs an id")
     profile = Profile(**raw)
+    allowed = MODEL_PROFILES[fmt]
+    if not profile.profile:
+        profile = dataclasses.replace(profile, profile=allowed[0])
+    if profile.profile not in allowed:
+        raise ConfigError(f"{where}: profile must be one of {', '.join(allowed)} for {fmt}")
     if profile.decode_tokens_per_s <= 0 or profile.prefill_tokens_per_s <= 0:
         raise ConfigError(f"{where}: rates must be positive")
     if not 0.0 <= profile.quality <= 1.0:
         raise ConfigError(f"{where}: quality must be between 0 and 1")
+    if not 0.0 <= profile.thinking_summary_ratio <= 1.0:
+        raise ConfigError(f"{where}: thinking_summary_ratio must be between 0 and 1")
+    if profile.keepalive_interval_ms <= 0:
+        raise ConfigError(f"{where}: keepalive_interval_ms must be positive")
+    if profile.min_cacheable_tokens < 0 or profile.reasoning_tokens < 0:
+        raise ConfigError(f"{where}: token counts cannot be negative")
     return profile
 
 
@@ -122,8 +182,13 @@ def parse(data: dict[str, Any]) -> Config:
                 raise ConfigError(f"{where}: unknown fault {name!r}")
             if not 0.0 <= probability <= 1.0:
                 raise ConfigError(f"{where}: fault {name} probability must be between 0 and 1")
-        if raw.get("format") not in ("openai", "anthropic"):
+        fmt = raw.get("format")
+        if fmt not in ("openai", "anthropic"):
             raise ConfigError(f"{where}: format must be openai or anthropic")
+        raw["profile"] = raw.get("profile") or PROVIDER_PROFILES[fmt][0]
+        if raw["profile"] not in PROVIDER_PROFILES[fmt]:
+            allowed = ", ".join(PROVIDER_PROFILES[fmt])
+            raise ConfigError(f"{where}: profile must be one of {allowed} for {fmt}")
         keys = raw.pop("api_keys", [])
         if isinstance(keys, str):
             keys = [keys]
@@ -131,12 +196,15 @@ def parse(data: dict[str, Any]) -> Config:
             keys = [*keys, str(raw.pop("api_key"))]
         models = {}
         for j, m in enumerate(models_raw):
-            profile = _profile(dict(m), f"{where}.models[{j}]")
+            profile = _profile(dict(m), fmt, f"{where}.models[{j}]")
             models[profile.id] = profile
         try:
             provider = Provider(api_keys=tuple(keys), models=models, faults=faults, **raw)
         except TypeError as exc:
             raise ConfigError(f"{where}: {exc}") from None
+        for limit in ("advertised_requests_per_minute", "advertised_tokens_per_minute"):
+            if getattr(provider, limit) < 1:
+                raise ConfigError(f"{where}: {limit} must be at least 1")
         providers[provider.slug] = provider
     if not providers:
         raise ConfigError("no [[providers]] configured")

@@ -14,6 +14,7 @@ from array import array
 from collections import deque
 from dataclasses import dataclass, field
 from functools import cache
+from typing import ClassVar
 
 from probes.tokenizer import encoding
 from simulator import tasks
@@ -69,26 +70,48 @@ def lognormal_factor(sigma: float, rng: random.Random) -> float:
 
 @dataclass
 class Plan:
-    """Everything about one response, decided when the request arrives."""
+    """Everything about one response, decided when the request arrives.
+
+    Billed output = reasoning (shown and hidden) + answer. Only `reasoning` and `answer` are
+    ever sent; `hidden_reasoning` tokens are generated (they take time and are billed) but
+    never streamed: an OpenAI reasoning model's reasoning, or the part of Anthropic's thinking
+    its streamed summary leaves out.
+    """
 
     input_tokens: int
     cached_tokens: int
     queue_s: float
     prefill_s: float
     decode_tokens_per_s: float
-    reasoning: list[str]
+    reasoning: list[str]  # shown reasoning tokens (streamed)
     answer: list[str]
     correct: bool | None
     finish_reason: str
-    offsets_s: list[float]  # send time of each output token, relative to request receipt
+    offsets_s: list[float]  # send time of each shown token (reasoning, then answer)
+    hidden_reasoning: int = 0
+    # Per shown token, the hidden tokens generated just before it; None when nothing is hidden.
+    hidden_before: list[int] | None = None
+    end_s: float = 0.0  # when the last billed token is generated
+    cache_creation_tokens: int = 0
+    service_tier: str | None = None
 
     @property
     def output_tokens(self) -> int:
+        """Billed output tokens, as usage reports them."""
+        return len(self.reasoning) + self.hidden_reasoning + len(self.answer)
+
+    @property
+    def reasoning_tokens(self) -> int:
+        return len(self.reasoning) + self.hidden_reasoning
+
+    @property
+    def shown_tokens(self) -> int:
         return len(self.reasoning) + len(self.answer)
 
     @property
     def ttft_s(self) -> float:
-        return self.queue_s + self.prefill_s
+        """To the first shown token (hidden reasoning delays it)."""
+        return self.offsets_s[0] if self.offsets_s else self.queue_s + self.prefill_s
 
 
 def _offsets(
@@ -107,6 +130,31 @@ def _offsets(
     return out
 
 
+def shown_indices(total: int, ratio: float) -> list[int]:
+    """Which of `total` reasoning tokens a stream shows: all (ratio 1), none (0), or an evenly
+    spread summary ending with the last one (Anthropic's summarized thinking)."""
+    if total <= 0 or ratio <= 0:
+        return []
+    if ratio >= 1:
+        return list(range(total))
+    shown = max(1, round(total * ratio))
+    return [(k + 1) * total // shown - 1 for k in range(shown)]
+
+
+@dataclass(slots=True)
+class Shape:
+    """What a model profile made of one request (simulator/profiles.py)."""
+
+    max_tokens: int
+    reasoning_tokens: int  # the reasoning the model wants to do, before max_tokens cuts it
+    reasoning_in_max: bool  # reasoning counts against max_tokens
+    answer_room: int = 8  # reasoning leaves this much of max_tokens for the answer (0: none)
+    shown_ratio: float = 1.0  # reasoning streamed / reasoning billed
+    queue_factor: float = 1.0
+    rate_factor: float = 1.0
+    service_tier: str | None = None
+
+
 def plan(
     profile: Profile,
     prompt: str,
@@ -114,18 +162,28 @@ def plan(
     cached_tokens: int,
     input_tokens: int,
     rng: random.Random,
+    shape: Shape | None = None,
 ) -> Plan:
+    if shape is None:
+        shape = Shape(
+            max_tokens=max_tokens,
+            reasoning_tokens=profile.reasoning_tokens,
+            reasoning_in_max=profile.max_tokens_includes_reasoning,
+        )
     queue_s = profile.queue_ms / 1000.0 * lognormal_factor(profile.queue_sigma, rng)
+    queue_s *= shape.queue_factor
     uncached = max(0, input_tokens - cached_tokens)
     prefill_s = uncached / profile.prefill_tokens_per_s
     rate = profile.decode_tokens_per_s * lognormal_factor(profile.decode_sigma, rng)
-    budget = max(1, max_tokens)
-    if profile.max_tokens_includes_reasoning:
-        n_reasoning = min(profile.reasoning_tokens, max(0, budget - 8))
+    rate *= shape.rate_factor
+    budget = max(1, shape.max_tokens)
+    if shape.reasoning_in_max:
+        n_reasoning = min(shape.reasoning_tokens, max(0, budget - shape.answer_room))
         room = budget - n_reasoning
     else:
-        n_reasoning, room = profile.reasoning_tokens, budget
-    reasoning = filler(n_reasoning, rng)
+        n_reasoning, room = shape.reasoning_tokens, budget
+    shown = shown_indices(n_reasoning, shape.shown_ratio)
+    reasoning = filler(len(shown), rng)
     right = tasks.answer_for(prompt)
     correct: bool | None = None
     tail: list[str] = []
@@ -139,9 +197,24 @@ def plan(
     if len(answer_tokens) > room:
         answer_tokens = answer_tokens[:room]
         finish = "length"
-    if not answer_tokens:
+    if not answer_tokens and room > 0:
         answer_tokens = filler(1, rng)
-    count = len(reasoning) + len(answer_tokens)
+    # Every billed token takes its time; only the shown ones get a send time.
+    billed = _offsets(
+        queue_s + prefill_s, n_reasoning + len(answer_tokens), rate, profile.itl_sigma, rng
+    )
+    hidden_before: list[int] | None = None
+    if len(shown) == n_reasoning:
+        offsets = billed
+    else:
+        offsets = [billed[i] for i in shown] + billed[n_reasoning:]
+        hidden_before, previous = [], -1
+        for i in shown:
+            hidden_before.append(i - previous - 1)
+            previous = i
+        if answer_tokens:
+            hidden_before.append(n_reasoning - previous - 1)
+            hidden_before += [0] * (len(answer_tokens) - 1)
     return Plan(
         input_tokens=input_tokens,
         cached_tokens=cached_tokens,
@@ -152,7 +225,11 @@ def plan(
         answer=answer_tokens,
         correct=correct,
         finish_reason=finish,
-        offsets_s=_offsets(queue_s + prefill_s, count, rate, profile.itl_sigma, rng),
+        offsets_s=offsets,
+        hidden_reasoning=n_reasoning - len(shown),
+        hidden_before=hidden_before,
+        end_s=billed[-1] if billed else queue_s + prefill_s,
+        service_tier=shape.service_tier,
     )
 
 
@@ -199,33 +276,136 @@ class PromptCache:
 
 
 @dataclass
+class BreakpointCache:
+    """Anthropic's prompt cache: only prefixes ending at a `cache_control` breakpoint are
+    written, and a prefix hits only when it matches exactly up to a block boundary.
+
+    A request's prefix for a breakpoint is every token up to the end of the block carrying it
+    (tools, then system, then messages). A prefix shorter than the model's minimum cacheable
+    length is not cached. On lookup the cache is checked at each breakpoint and at up to 20
+    block boundaries before it (the API's lookback); the longest hit is read. Entries live
+    their TTL (5 minutes, or "1h") after their last use.
+    """
+
+    _entries: dict[bytes, tuple[float, float]] = field(default_factory=dict)  # expiry, ttl
+
+    LOOKBACK_BLOCKS: ClassVar[int] = 20
+
+    def lookup_and_store(
+        self,
+        namespace: str,
+        tokens: list[int],
+        block_ends: list[int],
+        breakpoints: list[tuple[int, float]],
+        min_tokens: int,
+    ) -> tuple[int, int]:
+        """(cache read tokens, cache creation tokens). `block_ends[i]` is the token count up
+        to the end of block i; `breakpoints` are (block index, ttl seconds)."""
+        if not breakpoints:
+            return 0, 0
+        candidates: set[int] = set()
+        for block, _ in breakpoints:
+            start = max(0, block - self.LOOKBACK_BLOCKS)
+            candidates.update(block_ends[start : block + 1])
+        positions = sorted(p for p in candidates if p >= max(1, min_tokens))
+        if not positions:
+            return 0, 0
+        hashes = _prefix_hashes(namespace, tokens, positions)
+        now = time.monotonic()
+        read = 0
+        for position in reversed(positions):
+            entry = self._entries.get(hashes[position])
+            if entry is not None and entry[0] >= now:
+                read = position
+                self._entries[hashes[position]] = (now + entry[1], entry[1])
+                break
+        written = 0
+        for block, ttl_s in breakpoints:
+            position = block_ends[block]
+            if position < max(1, min_tokens):
+                continue
+            digest = hashes[position]
+            entry = self._entries.get(digest)
+            if entry is None or entry[0] < now:
+                written = max(written, position)
+            self._entries[digest] = (now + ttl_s, ttl_s)
+        if len(self._entries) > 200_000:
+            self._entries = {k: v for k, v in self._entries.items() if v[0] >= now}
+        return read, max(0, written - read)
+
+
+def _prefix_hashes(namespace: str, tokens: list[int], positions: list[int]) -> dict[int, bytes]:
+    """Digest of the first p tokens for each p in `positions` (sorted ascending)."""
+    raw = array("I", tokens).tobytes()
+    h = hashlib.blake2b(namespace.encode(), digest_size=16)
+    out, done = {}, 0
+    for position in positions:
+        h.update(raw[done * 4 : position * 4])
+        done = position
+        out[position] = h.copy().digest()
+    return out
+
+
+def tokenize_parts(parts: list[str]) -> tuple[list[int], list[int]]:
+    """Tokens of blocks joined by newlines, and the token count up to the end of each block.
+    Each block is encoded on its own, so a block boundary is a token boundary."""
+    enc = encoding()
+    newline = enc.encode("\n")
+    tokens: list[int] = []
+    ends: list[int] = []
+    for i, text in enumerate(parts):
+        if i:
+            tokens += newline
+        tokens += enc.encode(text, disallowed_special=())
+        ends.append(len(tokens))
+    return tokens, ends
+
+
+@dataclass(slots=True)
+class Usage:
+    """A rate limiter's state after a request: what the window holds now."""
+
+    allowed: bool
+    retry_after_s: float
+    requests: int
+    input_tokens: int
+    output_tokens: int
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+@dataclass
 class RateLimiter:
-    """Sliding one-minute windows of requests and tokens (0 = unlimited)."""
+    """Sliding one-minute windows of requests and tokens (0 = unlimited). A request counts
+    its input tokens and its max_tokens (output is estimated from it, as providers do)."""
 
     requests_per_minute: int
     tokens_per_minute: int
-    _events: deque[tuple[float, int]] = field(default_factory=deque)
-    _tokens: int = 0
+    _events: deque[tuple[float, int, int]] = field(default_factory=deque)
+    _input: int = 0
+    _output: int = 0
 
-    @property
-    def enabled(self) -> bool:
-        return bool(self.requests_per_minute or self.tokens_per_minute)
-
-    def check(self, tokens: int) -> tuple[bool, int, int, float]:
-        """(allowed, remaining requests, remaining tokens, retry-after seconds)."""
+    def check(self, input_tokens: int, max_tokens: int) -> Usage:
         now = time.monotonic()
         while self._events and self._events[0][0] <= now - 60:
-            self._tokens -= self._events.popleft()[1]
-        rpm = self.requests_per_minute or 1_000_000
-        tpm = self.tokens_per_minute or 1_000_000_000
-        allowed = len(self._events) < rpm and self._tokens + tokens <= tpm
+            _, used_in, used_out = self._events.popleft()
+            self._input -= used_in
+            self._output -= used_out
+        rpm = self.requests_per_minute
+        tpm = self.tokens_per_minute
+        tokens = input_tokens + max_tokens
+        allowed = (not rpm or len(self._events) < rpm) and (
+            not tpm or self._input + self._output + tokens <= tpm
+        )
         retry_after_s = 0.0
         if allowed:
-            if self.enabled:
-                self._events.append((now, tokens))
-                self._tokens += tokens
+            self._events.append((now, input_tokens, max_tokens))
+            self._input += input_tokens
+            self._output += max_tokens
         elif self._events:
             retry_after_s = max(1.0, 60 - (now - self._events[0][0]))
         else:  # a single request larger than the token budget
             retry_after_s = 60.0
-        return allowed, max(0, rpm - len(self._events)), max(0, tpm - self._tokens), retry_after_s
+        return Usage(allowed, retry_after_s, len(self._events), self._input, self._output)

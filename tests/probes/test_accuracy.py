@@ -23,11 +23,17 @@ ROUTES = {
     "openai": ("/fastchip/v1", "mid-think", OPENAI_KEY),
     "anthropic": ("/claudish", "claudish-think", ANTHROPIC_KEY),
 }
-COMBOS = list(
-    itertools.product(
+# Anthropic thinks only when the request enables thinking (budget_tokens >= 1024, below
+# max_tokens); until the engine sends it, the Anthropic route streams no reasoning.
+NEEDS_THINKING = pytest.mark.xfail(
+    strict=True, reason="engine sends thinking (budget_tokens): probes branch"
+)
+COMBOS = [
+    pytest.param(*combo, marks=NEEDS_THINKING) if combo[0] == "anthropic" else combo
+    for combo in itertools.product(
         ["openai", "anthropic"], [False, True], ["json", "msgpack-gzip"], [False, True]
     )
-)
+]
 
 
 def _truth(sim: SimulatorProcess, request_id: str) -> dict:

@@ -75,6 +75,38 @@ def test_the_demo_matches_the_seeds_reference_routes() -> None:
                     {
                         "slug": "x",
                         "format": "openai",
+                        "models": [{"id": "m", "profile": "anthropic"}],
+                    }
+                ]
+            },
+            "profile must be one of",
+        ),
+        (
+            {"providers": [{"slug": "x", "format": "anthropic", "profile": "azure-openai"}]},
+            "profile must be one of",
+        ),
+        (
+            {
+                "providers": [
+                    {
+                        "slug": "x",
+                        "format": "anthropic",
+                        "models": [{"id": "m", "thinking_summary_ratio": 2}],
+                    }
+                ]
+            },
+            "thinking_summary_ratio",
+        ),
+        (
+            {"providers": [{"slug": "x", "format": "openai", "advertised_tokens_per_minute": 0}]},
+            "advertised_tokens_per_minute",
+        ),
+        (
+            {
+                "providers": [
+                    {
+                        "slug": "x",
+                        "format": "openai",
                         "models": [{"id": "m", "decode_tokens_per_s": 0}],
                     }
                 ]
@@ -107,12 +139,30 @@ def test_the_cli_refuses_a_broken_config(tmp_path: Path) -> None:
     assert "format must be openai or anthropic" in done.stderr
 
 
+def test_the_demo_shows_each_real_apis_behaviour() -> None:
+    profiles = {
+        (p.slug, m.id): (p.profile, m.profile)
+        for p in DEMO.providers.values()
+        for m in p.models.values()
+    }
+    assert profiles[("frontier", "frontier-reasoner")] == ("openai", "openai-reasoning")
+    assert ("openai", "openrouter-reasoning") in profiles.values()
+    assert ("anthropic", "anthropic") in profiles.values()
+    assert any(provider == "azure-openai" for provider, _ in profiles.values())
+    lyra = _model("lyra", "lyra-sonnet")
+    assert lyra.reasoning_tokens > 1024  # thinks when asked, within a 1,024+ budget
+    assert 0 < lyra.thinking_summary_ratio < 1
+    # Only the Cerebras-like provider documents msgpack bodies.
+    assert [p.slug for p in DEMO.providers.values() if p.accepts_msgpack] == ["waferscale"]
+
+
 def test_the_demo_config_serves() -> None:
     with SimulatorProcess(CONFIGS / "demo.toml", seed=1) as demo:
         models = httpx.get(
-            f"{demo.base_url}/frontier/v1/models", headers={"x-api-key": "sk-sim-frontier-demo-key"}
+            f"{demo.base_url}/lyra/v1/models",
+            headers={"x-api-key": "sk-sim-lyra-demo-key", "anthropic-version": "2023-06-01"},
         ).json()
-        assert [m["id"] for m in models["data"]] == ["frontier-reasoner", "frontier-sonnet"]
+        assert [m["id"] for m in models["data"]] == ["lyra-sonnet"]
         # Demo providers ignore x-sim-fault: faults there come from configured probabilities.
         response = httpx.post(
             f"{demo.base_url}/waferscale/v1/chat/completions",
@@ -127,15 +177,34 @@ def test_the_demo_config_serves() -> None:
             },
         )
         assert response.status_code == 200
+        refused = httpx.post(
+            f"{demo.base_url}/frontier/v1/chat/completions",
+            json={
+                "model": "frontier-reasoner",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 3,
+            },
+            headers={"authorization": "Bearer sk-sim-frontier-demo-key"},
+        )
+        assert refused.status_code == 400
+        assert refused.json()["error"]["param"] == "max_tokens"
+        azure = httpx.post(
+            f"{demo.base_url}/contoso/openai/deployments/contoso-gpt-4o-mini/chat/completions"
+            "?api-version=2024-10-21",
+            json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+            headers={"api-key": "5f3c9a7e1b2d4c6f8a0e9d7c5b3a1f2e"},
+        )
+        assert azure.status_code in (200, 429, 500)  # its configured fault rates
+        assert azure.headers["x-sim-label"] == "simulated"
 
 
 def test_token_rate_limits(sim: SimulatorProcess) -> None:
     url = f"{sim.base_url}/tokenlimited/v1/messages"
-    headers = {"x-api-key": "sk-test-tokenlimited-0123456789"}
+    headers = {"x-api-key": "sk-test-tokenlimited-0123456789", "anthropic-version": "2023-06-01"}
     body = {"model": "tiny", "max_tokens": 600, "messages": [{"role": "user", "content": "hi"}]}
     first = httpx.post(url, json=body, headers=headers)
     assert first.status_code == 200
-    assert int(first.headers["x-ratelimit-remaining-tokens"]) < 400
+    assert int(first.headers["anthropic-ratelimit-tokens-remaining"]) < 400
     second = httpx.post(url, json=body, headers=headers)
     assert second.status_code == 429
     assert second.json()["error"]["type"] == "rate_limit_error"

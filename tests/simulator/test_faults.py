@@ -24,6 +24,7 @@ def _request(sim: SimulatorProcess, fmt: str, fault: str = "", **body: object) -
     else:
         url = f"{sim.base_url}/claudish/v1/messages"
         headers["x-api-key"] = ANTHROPIC_KEY
+        headers["anthropic-version"] = "2023-06-01"
         payload = {"model": "claudish-mid", "max_tokens": 20, "stream": True}
     payload["messages"] = [{"role": "user", "content": "hello"}]
     payload.update(body)
@@ -60,7 +61,8 @@ def test_http_errors_come_in_each_dialects_shape(
         assert set(body["error"]) == {"message", "type", "param", "code"}
     if status == 429:
         assert int(response.headers["retry-after"]) >= 1
-        assert "x-ratelimit-remaining-requests" in response.headers
+        prefix = "anthropic-ratelimit-requests" if fmt == "anthropic" else "x-ratelimit"
+        assert f"{prefix}-remaining" in "".join(response.headers)
     assert _truth(sim, response.headers["x-sim-request-id"])["status"] == status
 
 

@@ -86,7 +86,7 @@ def test_the_sdks_stream_over_http2_with_many_streams_on_one_connection(
 
     versions, tokens, ids = asyncio.run(scenario())
     assert set(versions) == {"HTTP/2"}
-    assert tokens == [45] * 5  # 15 reasoning + 30 answer tokens
+    assert tokens == [30] * 5  # no thinking unless asked for: 30 answer tokens
     truth = httpx.get(f"{tls_sim.base_url}/_sim/requests/{ids[0]}", verify=tls_sim.ssl_context())
     assert truth.json()["http_version"] == "2"
 
@@ -177,12 +177,15 @@ def test_anthropic_accepts_msgpack_gzip_and_json_counts_match(sim: SimulatorProc
         "messages": [{"role": "user", "content": [{"type": "text", "text": "What is 9 * 9?"}]}],
     }
     url = f"{sim.base_url}/claudish/v1/messages"
-    as_json = httpx.post(url, json=payload, headers={"x-api-key": ANTHROPIC_KEY}).json()
+    as_json = httpx.post(
+        url, json=payload, headers={"x-api-key": ANTHROPIC_KEY, "anthropic-version": "2023-06-01"}
+    ).json()
     as_msgpack = httpx.post(
         url,
         content=gzip.compress(msgpack.packb(payload)),
         headers={
             "x-api-key": ANTHROPIC_KEY,
+            "anthropic-version": "2023-06-01",
             "content-type": "application/vnd.msgpack",
             "content-encoding": "gzip",
         },
@@ -193,7 +196,11 @@ def test_anthropic_accepts_msgpack_gzip_and_json_counts_match(sim: SimulatorProc
     bad = httpx.post(
         url,
         content=b"\x00not gzip",
-        headers={"x-api-key": ANTHROPIC_KEY, "content-encoding": "gzip"},
+        headers={
+            "x-api-key": ANTHROPIC_KEY,
+            "anthropic-version": "2023-06-01",
+            "content-encoding": "gzip",
+        },
     )
     assert bad.status_code == 400
     assert bad.json()["error"]["type"] == "invalid_request_error"

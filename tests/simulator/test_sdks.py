@@ -85,16 +85,18 @@ def test_openai_sdk_async_and_non_streaming(sim: SimulatorProcess) -> None:
     assert tokens == 50
 
 
-def test_anthropic_sdk_streams_every_event_with_cache_reads(sim: SimulatorProcess) -> None:
+def test_anthropic_sdk_streams_thinking_and_cache_reads_when_asked(sim: SimulatorProcess) -> None:
     client = _anthropic(sim)
     kinds: set[str] = set()
     finals = []
-    for _ in range(2):
+    system = [{"type": "text", "text": LONG, "cache_control": {"type": "ephemeral"}}]
+    for question in ("What is 11 * 11?", "What is 12 * 12?"):
         with client.messages.stream(
             model="claudish-think",
-            max_tokens=200,
-            system="You are terse.",
-            messages=[{"role": "user", "content": LONG + "What is 11 * 11?"}],
+            max_tokens=2000,
+            thinking={"type": "enabled", "budget_tokens": 1024},
+            system=system,  # type: ignore[arg-type]
+            messages=[{"role": "user", "content": question}],
         ) as stream:
             for event in stream:
                 kinds.add(event.type)
@@ -106,13 +108,38 @@ def test_anthropic_sdk_streams_every_event_with_cache_reads(sim: SimulatorProces
         "content_block_stop",
         "message_delta",
         "message_stop",
+        "thinking",
+        "signature",
+        "text",
     } <= kinds
     first, second = finals
-    assert first.content[0].type == "thinking"
+    assert [block.type for block in first.content] == ["thinking", "text"]
     assert "ANSWER: " in first.content[-1].text  # type: ignore[union-attr]
-    assert first.usage.output_tokens == 45
+    assert first.usage.output_tokens == 45  # 15 thinking + 30 answer tokens
     assert first.usage.cache_read_input_tokens == 0
-    assert (second.usage.cache_read_input_tokens or 0) > 1000
+    assert (first.usage.cache_creation_input_tokens or 0) > 1000
+    assert second.usage.cache_read_input_tokens == first.usage.cache_creation_input_tokens
+    assert second.usage.cache_creation_input_tokens == 0
+    assert second.usage.input_tokens < 20  # only the question is not cached
+
+
+def test_anthropic_sdk_sees_no_thinking_and_no_cache_unless_asked(sim: SimulatorProcess) -> None:
+    client = _anthropic(sim)
+    finals = []
+    for _ in range(2):
+        with client.messages.stream(
+            model="claudish-think",
+            max_tokens=200,
+            system=LONG,
+            messages=[{"role": "user", "content": "What is 11 * 11?"}],
+        ) as stream:
+            finals.append(stream.get_final_message())
+    for message in finals:
+        assert [block.type for block in message.content] == ["text"]
+        assert message.usage.output_tokens == 30
+        assert message.usage.cache_read_input_tokens == 0
+        assert message.usage.cache_creation_input_tokens == 0
+        assert message.usage.input_tokens > 1000
 
 
 def test_anthropic_sdk_async_and_model_listing(sim: SimulatorProcess) -> None:
@@ -130,7 +157,7 @@ def test_anthropic_sdk_async_and_model_listing(sim: SimulatorProcess) -> None:
 
     text, models = asyncio.run(scenario())
     assert text
-    assert models == ["claudish-mid", "claudish-think"]
+    assert models == ["claudish-mid", "claudish-think", "claudish-summary"]
 
 
 def test_wrong_keys_get_each_dialects_error(sim: SimulatorProcess) -> None:
