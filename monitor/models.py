@@ -73,6 +73,10 @@ RESERVED_BODY_KEYS = frozenset(
 )
 # Anthropic's smallest extended-thinking budget.
 MIN_THINKING_BUDGET = 1024
+# What a max_completion_tokens route may spend on hidden reasoning on top of the task's answer
+# bound: OpenAI advises reserving at least 25,000 tokens for reasoning and output when starting
+# out (its reasoning guide). A cap, not a charge: only what the model uses is billed.
+REASONING_ALLOWANCE_TOKENS = 25_000
 
 BODY_JSON = "json"
 BODY_MSGPACK_GZIP = "msgpack-gzip"
@@ -340,6 +344,18 @@ class Route(models.Model):
             errors["api_version"] = "Azure OpenAI needs an api-version."
         if errors:
             raise ValidationError(errors)
+
+    def token_limit(self, answer_tokens: int) -> int:
+        """The token limit to send for an answer of up to `answer_tokens` (the task's bound).
+
+        Anthropic counts thinking within max_tokens, which must exceed the budget; OpenAI
+        reasoning models count hidden reasoning within max_completion_tokens. Either way the
+        answer keeps its own room."""
+        if self.thinking_budget_tokens:
+            return answer_tokens + self.thinking_budget_tokens
+        if self.token_limit_param == TOKEN_LIMIT_MAX_COMPLETION_TOKENS:
+            return answer_tokens + REASONING_ALLOWANCE_TOKENS
+        return answer_tokens
 
     @property
     def has_secret_headers(self) -> bool:

@@ -173,7 +173,7 @@ def probe_message(slot: Slot, eval_cases: list[EvalCase], n: int | None = None) 
         "system_prompt": task.system_prompt,
         "user_prompt": task.user_template.replace("{input}", case.input if case else ""),
         "input_tokens": task.input_tokens,
-        "max_tokens": task.max_tokens,
+        "max_tokens": route.token_limit(task.max_tokens),
         "http2": http_version == HTTP_2,
         "body_encoding": body,
         "cold": connection_mode == CONN_COLD,

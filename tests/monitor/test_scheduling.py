@@ -170,3 +170,21 @@ def test_a_probe_message_carries_the_routes_request_settings_with_headers_encryp
     assert request["extra_body"] == {"response_format": {"type": "json_object"}}
     assert request["secret_headers_token"] == r.secret_headers_encrypted
     assert "gw-secret-0123456789" not in repr(message)
+
+
+def test_reasoning_routes_get_room_to_reason_on_top_of_the_answer_bound(db: None) -> None:
+    p = f.provider()
+    chat = f.route(p, "chat")
+    reasoning = f.route(p, "gpt-5.5", token_limit_param="max_completion_tokens")
+    claude = f.route(
+        f.provider("claude", wire_format="anthropic"), "claude", thinking_budget_tokens=2048
+    )
+    g = f.region("eu-west")
+    t = f.task("qa", [chat, reasoning, claude], [g], max_tokens=300)
+    sent = {
+        r.model_id: slots.probe_message(slots.Slot(t, r, g, NOW), [], n=0)["max_tokens"]
+        for r in (chat, reasoning, claude)
+    }
+    # Anthropic counts thinking within max_tokens, which must exceed the budget; OpenAI
+    # reasoning models count hidden reasoning within max_completion_tokens.
+    assert sent == {"chat": 300, "gpt-5.5": 300 + 25_000, "claude": 300 + 2048}

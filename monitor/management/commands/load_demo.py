@@ -8,6 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
+from monitor import presets
 from monitor.models import (
     BODY_JSON,
     BODY_MSGPACK_GZIP,
@@ -21,6 +22,8 @@ from monitor.models import (
     HTTP_2,
     PREFIX_FRESH,
     PREFIX_STABLE,
+    WIRE_AZURE,
+    WIRE_OPENAI,
     EvalCase,
     Provider,
     Region,
@@ -28,10 +31,33 @@ from monitor.models import (
     Task,
 )
 from simulator import tasks as sim_tasks
+from simulator.config import Provider as SimProvider
 from simulator.config import load
 
+# The api-version the simulated Azure deployments accept (a GA version of the real service).
+AZURE_API_VERSION = "2024-10-21"
 DEMO_CONFIG = Path(__file__).resolve().parents[3] / "simulator" / "configs" / "demo.toml"
 REGIONS = [("US East", "us-east"), ("EU West", "eu-west"), ("AP South", "ap-south")]
+
+
+def _endpoints(sim: SimProvider, base: str) -> list[tuple[list[str], str, str]]:
+    """(model ids, base URL, wire format) per product provider. An Azure OpenAI provider is a
+    deployment URL, so each simulated Azure model (a deployment) is a provider of its own."""
+    if sim.profile == "azure-openai":
+        return [([m], f"{base}/{sim.slug}/openai/deployments/{m}", WIRE_AZURE) for m in sim.models]
+    url = f"{base}/{sim.slug}/v1" if sim.format == WIRE_OPENAI else f"{base}/{sim.slug}"
+    return [(list(sim.models), url, sim.format)]
+
+
+def _request_settings(profile: str, wire: str) -> dict[str, Any]:
+    """What each simulated API needs, as its real counterpart does (simulator/README.md)."""
+    settings = dict(presets.ROUTE_PRESETS["chat"]["settings"])
+    if profile == "openai-reasoning":
+        settings.update(presets.ROUTE_PRESETS["openai-reasoning"]["settings"])
+        settings["reasoning_effort"] = ""  # the API's default (medium): the seeds' figures
+    if wire == WIRE_AZURE:
+        settings["api_version"] = AZURE_API_VERSION
+    return settings
 
 
 class Command(BaseCommand):
@@ -53,33 +79,39 @@ class Command(BaseCommand):
         ]
         routes = []
         for sim in config.providers.values():
-            url = f"{base}/{sim.slug}/v1" if sim.format == "openai" else f"{base}/{sim.slug}"
-            provider, _ = Provider.objects.update_or_create(
-                slug=sim.slug,
-                defaults={
-                    "name": sim.name or sim.slug,
-                    "base_url": url,
-                    "wire_format": sim.format,
-                    # The simulator serves HTTP/2 (h2c) to every provider.
-                    "http2": True,
-                    "is_simulated": True,
-                },
-            )
-            if sim.api_keys and not provider.has_api_key:
-                provider.set_api_key(sim.api_keys[0])
-                provider.save(update_fields=["api_key_encrypted"])
-            for model in sim.models.values():
-                route, _ = Route.objects.update_or_create(
-                    provider=provider,
-                    model_id=model.id,
+            for model_ids, url, wire in _endpoints(sim, base):
+                whole = len(model_ids) == len(sim.models)  # else one Azure deployment of several
+                name = sim.name or sim.slug
+                provider, _ = Provider.objects.update_or_create(
+                    slug=sim.slug if whole else f"{sim.slug}-{model_ids[0]}",
                     defaults={
-                        "display_name": f"{provider.name.replace(' (simulated)', '')} / {model.id}",
-                        "price_input_per_mtok": Decimal(str(model.price_input_per_mtok)),
-                        "price_output_per_mtok": Decimal(str(model.price_output_per_mtok)),
-                        "quality_index": model.quality_index,
+                        "name": name if whole else f"{name}: {model_ids[0]}",
+                        "base_url": url,
+                        "wire_format": wire,
+                        # The simulator serves HTTP/2 (h2c) to every provider; msgpack bodies
+                        # only to those configured to take them.
+                        "http2": True,
+                        "accepts_msgpack": sim.accepts_msgpack,
+                        "is_simulated": True,
                     },
                 )
-                routes.append(route)
+                if sim.api_keys and not provider.has_api_key:
+                    provider.set_api_key(sim.api_keys[0])
+                    provider.save(update_fields=["api_key_encrypted"])
+                for model_id in model_ids:
+                    model = sim.models[model_id]
+                    route, _ = Route.objects.update_or_create(
+                        provider=provider,
+                        model_id=model.id,
+                        defaults={
+                            "display_name": f"{provider.name.replace(' (simulated)', '')} / {model.id}",
+                            "price_input_per_mtok": Decimal(str(model.price_input_per_mtok)),
+                            "price_output_per_mtok": Decimal(str(model.price_output_per_mtok)),
+                            "quality_index": model.quality_index,
+                            **_request_settings(model.profile, wire),
+                        },
+                    )
+                    routes.append(route)
         support, _ = Task.objects.update_or_create(
             slug="support-answer",
             defaults={
