@@ -134,9 +134,10 @@ def test_the_route_page_compares_the_probe_options_the_task_probes_both_ways(
     client.force_login(teammate)
     route = probed_world.routes["fast-small"]
     body = _get(client, reverse("rw-route", args=[route.pk]), task="arithmetic")
+    # Grouped by what happened: the negotiated version, whether a connection was reused.
     for dimension, a, b in (
-        ("HTTP version", "HTTP/1.1", "HTTP/2"),
-        ("connection", "cold", "warm"),
+        ("HTTP version (negotiated)", "HTTP/1.1", "HTTP/2"),
+        ("connection", "new connection", "reused connection"),
         ("request body", "JSON", "msgpack + gzip"),
     ):
         table = body[body.index(f'data-dimension="{dimension}"') :].split("</table>")[0]
@@ -144,9 +145,9 @@ def test_the_route_page_compares_the_probe_options_the_task_probes_both_ways(
         assert f">{b}</th>" in table
     # The prefix mode was probed one way only: no comparison for it.
     assert 'data-dimension="prompt prefix"' not in body
-    # Every cold probe paid for connection setup, so cold has a setup time.
-    cold = _row(body[body.index('data-dimension="connection"') :], ">cold</th>")
-    assert re.findall(r'<td class="num">([^<]*)</td>', cold)[4].endswith("ms")
+    # Every new connection paid for its setup, so it has a setup time.
+    new = _row(body[body.index('data-dimension="connection"') :], ">new connection</th>")
+    assert re.findall(r'<td class="num">([^<]*)</td>', new)[4].endswith("ms")
 
 
 def test_the_route_page_counts_errors_by_kind_and_shows_rate_limit_headroom(
