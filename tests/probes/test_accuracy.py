@@ -23,17 +23,14 @@ ROUTES = {
     "openai": ("/fastchip/v1", "mid-think", OPENAI_KEY),
     "anthropic": ("/claudish", "claudish-think", ANTHROPIC_KEY),
 }
-# Anthropic thinks only when the request enables thinking (budget_tokens >= 1024, below
-# max_tokens); until the engine sends it, the Anthropic route streams no reasoning.
-NEEDS_THINKING = pytest.mark.xfail(
-    strict=True, reason="engine sends thinking (budget_tokens): probes branch"
-)
-COMBOS = [
-    pytest.param(*combo, marks=NEEDS_THINKING) if combo[0] == "anthropic" else combo
-    for combo in itertools.product(
+# Anthropic thinks only when the request enables thinking (budget_tokens >= 1024, within a
+# max_tokens that must exceed it), as the real API does.
+THINKING = {"openai": {}, "anthropic": {"thinking_budget_tokens": 1024}}
+COMBOS = list(
+    itertools.product(
         ["openai", "anthropic"], [False, True], ["json", "msgpack-gzip"], [False, True]
     )
-]
+)
 
 
 def _truth(sim: SimulatorProcess, request_id: str) -> dict:
@@ -53,11 +50,12 @@ def test_every_field_matches_the_ground_truth(
         api_key=key,
         user_prompt="What is 12 * 12?",
         input_tokens=800,
-        max_tokens=200,
+        max_tokens=200 + THINKING[fmt].get("thinking_budget_tokens", 0),
         http2=http2,
         body_encoding=body,
         cold=cold,
         verify=str(tls_sim.ca_pem_path),
+        **THINKING[fmt],  # type: ignore[arg-type]
     )
 
     async def twice() -> list:

@@ -224,7 +224,9 @@ def test_streamed_reasoning_is_derived_for_anthropic(
             format="anthropic",
             model="claudish-think",
             api_key=ANTHROPIC_KEY,
-            max_tokens=100,
+            # Anthropic thinks only when asked, within max_tokens, which must exceed the budget.
+            thinking_budget_tokens=1024,
+            max_tokens=1124,
         )
     )
     assert result.ok, result.error_detail

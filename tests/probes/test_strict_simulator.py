@@ -1,12 +1,7 @@
-"""The engine against the strict simulated provider (the simulator's "sim" branch): an OpenAI
-reasoning profile that hides its reasoning and refuses max_tokens and non-default
-temperatures, and Anthropic caching only behind cache_control.
-
-Until that branch is merged these fail, and are marked so (strict: they must fail now, and
-the marks come off with the merge). They find the reasoning model by behaviour (the one of
-fastchip's models that refuses max_tokens), not by a name this branch cannot know. The same
-behaviour is tested today against loopback servers faithful to the real APIs
-(test_real_providers.py).
+"""The engine against the strict simulated provider: an OpenAI reasoning profile that hides
+its reasoning and refuses max_tokens and non-default temperatures, and Anthropic caching only
+behind cache_control. The same behaviour is also tested against loopback servers faithful to
+the real APIs' documented bytes (test_real_providers.py).
 """
 
 from __future__ import annotations
@@ -19,34 +14,30 @@ from probes.errors import Kind
 from probes.model import MAX_COMPLETION_TOKENS, SOURCE_USAGE_MINUS_HIDDEN
 from simulator.testing import SimulatorProcess
 from tests.probes.support import run
-from tests.sim_fixtures import ANTHROPIC_KEY, OPENAI_KEY
+from tests.sim_fixtures import ANTHROPIC_KEY
 
-NEEDS_STRICT = pytest.mark.xfail(strict=True, reason="needs the strict simulator (sim branch)")
+REASONING_KEY = "sk-test-oaisim-0123456789"
 
 
 def _spec(sim: SimulatorProcess, model: str, **kw: object) -> ProbeSpec:
     settings: dict[str, object] = {"max_tokens": 300, **kw}
     return ProbeSpec(
-        base_url=sim.base_url + "/fastchip/v1",
+        base_url=sim.base_url + "/oaisim/v1",
         format="openai",
         model=model,
-        api_key=OPENAI_KEY,
+        api_key=REASONING_KEY,
         **settings,  # type: ignore[arg-type]
     )
 
 
 def _hidden_reasoning_model(sim: SimulatorProcess) -> str:
-    listed = httpx.get(
-        f"{sim.base_url}/fastchip/v1/models", headers={"authorization": f"Bearer {OPENAI_KEY}"}
-    ).json()
-    for model in (m["id"] for m in listed["data"]):
-        result = run(_spec(sim, model, max_tokens=5))
-        if result.error_kind == Kind.CONFIG and "'max_tokens'" in result.error_detail:
-            return str(model)
-    pytest.fail("no fastchip model refuses max_tokens as OpenAI's reasoning models do")
+    """test.toml's OpenAI reasoning model, checked to refuse max_tokens as the real ones do."""
+    result = run(_spec(sim, "o-think", max_tokens=5))
+    assert result.error_kind == Kind.CONFIG, result.error_detail
+    assert "'max_tokens'" in result.error_detail
+    return "o-think"
 
 
-@NEEDS_STRICT
 def test_a_reasoning_route_with_max_completion_tokens_measures_streamed_speed(
     sim: SimulatorProcess,
 ) -> None:
@@ -64,7 +55,6 @@ def test_a_reasoning_route_with_max_completion_tokens_measures_streamed_speed(
     assert result.ttfat_ms == result.ttft_ms
 
 
-@NEEDS_STRICT
 def test_the_same_reasoning_route_refuses_a_temperature_as_config(sim: SimulatorProcess) -> None:
     model = _hidden_reasoning_model(sim)
     result = run(_spec(sim, model, token_limit_param=MAX_COMPLETION_TOKENS, temperature=0.5))
@@ -72,7 +62,6 @@ def test_the_same_reasoning_route_refuses_a_temperature_as_config(sim: Simulator
     assert "'temperature'" in result.error_detail
 
 
-@NEEDS_STRICT
 def test_anthropic_caches_only_what_cache_control_marks(sim: SimulatorProcess) -> None:
     spec = ProbeSpec(
         base_url=sim.base_url + "/claudish",
