@@ -94,7 +94,7 @@ def test_cli_readable_summary(fakellm: Server) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("1/1 ok")
-    assert "HTTP/1.1, output tokens" in proc.stdout
+    assert "HTTP/1.1 (new connection), output tokens" in proc.stdout
 
 
 def test_the_first_probe_of_a_process_is_timed_like_the_next(fakellm: Server) -> None:
