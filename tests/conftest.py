@@ -22,3 +22,18 @@ def teammate(django_user_model: type[User]) -> User:
 @pytest.fixture
 def outsider(django_user_model: type[User]) -> User:
     return django_user_model.objects.create_user("outsider", "outsider@example.com", "pw-out-1")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Interop tests run last, and the independent servers they need install meanwhile.
+
+    Installing them (a few hundred MB of other projects' packages, into their own virtualenvs
+    under var/interop-venv) takes minutes on a fresh machine; started here, in the background
+    and at low priority, it overlaps the rest of the suite instead of adding to it."""
+    interop = [item for item in items if item.get_closest_marker("interop")]
+    if not interop:
+        return
+    items[:] = [item for item in items if not item.get_closest_marker("interop")] + interop
+    from tests.interop.servers import prefetch
+
+    prefetch()
