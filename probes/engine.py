@@ -487,7 +487,13 @@ def _finish(
     result.dns_ms = _ms(phases.dns_start, phases.dns_end)
     result.connect_ms = _ms(phases.connect_start, phases.connect_end)
     result.tls_ms = _ms(phases.tls_start, phases.tls_end)
-    result.upload_ms = _ms(t0, phases.body_sent)
+    # The body-sent stamp is taken when the write returns in user space, so a busy event loop
+    # can put it after the response headers' kernel arrival. Both bound the true send time
+    # from above (the server answers once it has read the body): the earlier is the truer.
+    body_sent = phases.body_sent
+    if body_sent is not None and state.headers_at is not None:
+        body_sent = min(body_sent, state.headers_at)
+    result.upload_ms = _ms(t0, body_sent)
     result.ttfb_ms = _ms(t0, state.headers_at)
     result.ttft_ms = _ms(t0, state.first_at)
     result.ttfat_ms = _ms(t0, state.first_answer_at)

@@ -93,9 +93,9 @@ def test_every_field_matches_the_ground_truth(
         assert result.tpot_ms == pytest.approx(1000 / result.tps)
         assert result.itl_max_ms >= result.itl_p50_ms > 0
         assert result.upload_ms is not None
-        # The body is stamped when send() returns, the headers when the kernel received them:
-        # on loopback the server can answer before that call has returned (+2 ms, as above).
-        assert result.upload_ms < result.ttfb_ms + 2
+        # The body is stamped when send() returns, the headers when the kernel received them;
+        # a late user-space stamp is bounded by the headers' arrival (the body went first).
+        assert result.upload_ms <= result.ttfb_ms
         new_connection = cold or n == 0
         for phase in ("dns_ms", "connect_ms", "tls_ms"):
             value = getattr(result, phase)
