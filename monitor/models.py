@@ -633,13 +633,15 @@ class ProbeResult(models.Model):
     # Output tokens streamed in the timed window: what tps counts (output_tokens is billed).
     streamed_output_tokens = models.PositiveIntegerField(null=True, blank=True)
     tps_token_source = models.CharField(
-        "how speed's tokens were counted", max_length=40, blank=True
+        "how speed's tokens were counted", max_length=40, blank=True, default="", db_default=""
     )
 
     # What actually served the probe (comparisons group by these, not by what was asked).
-    served_model = models.CharField(max_length=200, blank=True)
-    request_id = models.CharField(max_length=100, blank=True)
-    service_tier = models.CharField(max_length=30, blank=True)
+    # Defaults in the database too: writers that insert rows in SQL (the bench loader, an
+    # admin's fix) need not know these columns.
+    served_model = models.CharField(max_length=200, blank=True, default="", db_default="")
+    request_id = models.CharField(max_length=100, blank=True, default="", db_default="")
+    service_tier = models.CharField(max_length=30, blank=True, default="", db_default="")
     connection_reused = models.BooleanField(null=True, blank=True)
 
     # rate limits, as received

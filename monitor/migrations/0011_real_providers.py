@@ -38,17 +38,17 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="proberesult",
             name="request_id",
-            field=models.CharField(blank=True, max_length=100),
+            field=models.CharField(db_default="", default="", blank=True, max_length=100),
         ),
         migrations.AddField(
             model_name="proberesult",
             name="served_model",
-            field=models.CharField(blank=True, max_length=200),
+            field=models.CharField(db_default="", default="", blank=True, max_length=200),
         ),
         migrations.AddField(
             model_name="proberesult",
             name="service_tier",
-            field=models.CharField(blank=True, max_length=30),
+            field=models.CharField(db_default="", default="", blank=True, max_length=30),
         ),
         migrations.AddField(
             model_name="proberesult",
@@ -59,7 +59,11 @@ class Migration(migrations.Migration):
             model_name="proberesult",
             name="tps_token_source",
             field=models.CharField(
-                blank=True, max_length=40, verbose_name="how speed's tokens were counted"
+                db_default="",
+                default="",
+                blank=True,
+                max_length=40,
+                verbose_name="how speed's tokens were counted",
             ),
         ),
         migrations.AddField(
