@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from monitor.crypto import decrypt_secret, encrypt_secret
 from probes.errors import Kind
+from probes.formats import PROTECTED_BODY_KEYS
 
 WIRE_OPENAI = "openai"
 WIRE_ANTHROPIC = "anthropic"
@@ -55,22 +56,16 @@ SERVICE_TIERS = [
     ("flex", "flex (cheaper, slower)"),
     ("priority", "priority (faster, dearer)"),
 ]
-# Body keys a route's extra fields may not set: the probe owns them.
-RESERVED_BODY_KEYS = frozenset(
-    {
-        "model",
-        "messages",
-        "system",
-        "stream",
-        "stream_options",
-        "max_tokens",
-        "max_completion_tokens",
-        "temperature",
-        "reasoning_effort",
-        "service_tier",
-        "thinking",
-    }
-)
+# Body keys a route's extra fields may not set: those the probe owns (the engine refuses them
+# too) and those the route's own settings send.
+RESERVED_BODY_KEYS = PROTECTED_BODY_KEYS | {
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "reasoning_effort",
+    "service_tier",
+    "thinking",
+}
 # Anthropic's smallest extended-thinking budget.
 MIN_THINKING_BUDGET = 1024
 # What a max_completion_tokens route may spend on hidden reasoning on top of the task's answer
