@@ -17,6 +17,7 @@ from django.db import models
 from django.utils import timezone
 
 from monitor.crypto import decrypt_secret, encrypt_secret
+from monitor.limits import PROBE_TIMEOUT_MAX_S
 from probes.errors import Kind
 from probes.formats import PROTECTED_BODY_KEYS
 
@@ -444,7 +445,8 @@ class Task(models.Model):
     probe_timeout_s = models.PositiveIntegerField(
         "probe deadline (s)",
         default=180,
-        validators=[MinValueValidator(5), MaxValueValidator(3600)],
+        # The longest one allowed bounds the region tasks' time limits (monitor.limits).
+        validators=[MinValueValidator(5), MaxValueValidator(PROBE_TIMEOUT_MAX_S)],
         help_text="Total wall-clock bound of one probe; a slot with no result by then plus a "
         "minute of grace is recorded as missed.",
     )
