@@ -395,11 +395,12 @@ def test_ingest_parks_what_it_cannot_store_and_the_admin_replays_it(
     slots = _open_slots(task, 6)
     stack.ingest_worker(INGEST_RETRY_MAX="1", INGEST_RETRY_BACKOFF_MAX_S="1")
     assert support.wait_until(lambda: "ready" in stack.log("ingest"), 30), stack.logs()
+    bodies = [[_result(task, r, at)] for r, at in slots]
     connection.close()
     embedded.stop_postgres(_var_dir())
     try:
-        for r, at in slots:
-            tasks.ingest_results.apply_async(args=([_result(task, r, at)],), queue=INGEST_QUEUE)
+        for body in bodies:
+            tasks.ingest_results.apply_async(args=(body,), queue=INGEST_QUEUE)
         parked = support.wait_until(lambda: queues.dead_letter_count() == len(slots), 30)
     finally:
         embedded.start_postgres(_var_dir())
