@@ -417,18 +417,30 @@ def test_ingest_parks_what_it_cannot_store_and_the_admin_replays_it(
     _figure("dead letters", f"{len(slots)} parked while PostgreSQL was down, 0 lost after replay")
 
 
+def _received(s: Stack) -> int:
+    """Batches the region worker has taken from its queue (redeliveries included)."""
+    return sum(
+        1
+        for line in s.log("region").splitlines()
+        if "run_probe_batch[" in line and "received" in line
+    )
+
+
 def test_a_worker_killed_mid_batch_ends_measured_or_missed_never_twice(
-    sim: SimulatorProcess, stack: Stack
+    sim: SimulatorProcess, stack: Stack, settings: Any
 ) -> None:
+    # Slots made here (scheduling.plan in this process): 5 s deadline plus 20 s of grace, so a
+    # batch expires 20 s after its first slot; its starts are spread over 3 s (TICK_SECONDS).
+    settings.SLOT_GRACE_SECONDS = 20
     _configure(sim)
     stack.ingest_worker()
-    stack.region_worker(sim, TICK_SECONDS="10")
+    stack.region_worker(sim, TICK_SECONDS="3")
     assert support.wait_until(lambda: "ready" in stack.log("region"), 30), stack.logs()
 
     # 1. Its pool process SIGKILLed: Celery rejects the message (reject_on_worker_lost), it is
     #    redelivered at once and run again, in time for the slots' deadlines.
     assert _batch_now() == 3
-    assert support.wait_until(lambda: "run_probe_batch" in stack.log("region"), 15)
+    assert support.wait_until(lambda: _received(stack) >= 1, 15)
     time.sleep(1)
     children = stack.children("region")
     assert children, stack.logs()
@@ -451,8 +463,9 @@ def test_a_worker_killed_mid_batch_ends_measured_or_missed_never_twice(
     #    has expired; the sweep records its slots missed at their deadlines (documented bound:
     #    deadline + one tick), never a duplicate.
     time.sleep(INTERVAL_S)  # the next slots are due
-    assert _batch_now() == 3
-    assert support.wait_until(lambda: stack.log("region").count("run_probe_batch") >= 3, 15)
+    second = _batch_now()
+    assert second >= 3
+    assert support.wait_until(lambda: _received(stack) >= 3, 15)  # 2 + the redelivery
     time.sleep(1)
     stack.kill_group("region")
     stack.restart("region")
@@ -460,9 +473,12 @@ def test_a_worker_killed_mid_batch_ends_measured_or_missed_never_twice(
     assert support.wait_until(closed, 60, interval_s=0.5), stack.logs()
     overshoot_s = (datetime.now(UTC) - last_deadline).total_seconds()
     statuses = Counter(ProbeSlot.objects.values_list("status", flat=True))
-    assert sum(statuses.values()) == 6
+    assert set(statuses) <= {"done", "missed"}
+    # One result per slot, none without one (late catch-up slots included: recorded missed).
     assert _one_row_per_slot()
-    assert ProbeResult.objects.count() == 6
+    assert ProbeResult.objects.count() == ProbeSlot.objects.count(), list(
+        ProbeResult.objects.values_list("route_id", "slot_at", "outcome", "started_at")
+    )
     assert overshoot_s <= 2.0  # closed within a tick or so of the last deadline
     _figure(
         "worker killed mid-batch",
