@@ -126,3 +126,29 @@ def replay_dead_letters(limit: int | None = None) -> tuple[int, int]:
             raise
         replayed += 1
     return replayed, stored
+
+
+def known_queues(region_queue_names: Iterable[str]) -> list[str]:
+    """Every queue Routewatch uses: ingest's, the default one (beat's periodic tasks) and one
+    per region."""
+    return [*INGEST_QUEUE_NAMES, *sorted(region_queue_names)]
+
+
+class BrokerFigures(TypedDict):
+    depths: dict[str, int]
+    unacked: int
+    dead_letters: int
+
+
+def broker_figures(region_queue_names: Iterable[str]) -> BrokerFigures | None:
+    """Queue depths, unacknowledged messages and parked dead letters; None when the broker
+    does not answer (the pages say so rather than fail)."""
+    try:
+        return {
+            "depths": depths(known_queues(region_queue_names)),
+            "unacked": unacked(),
+            "dead_letters": dead_letter_count(),
+        }
+    except redis.RedisError:
+        log.warning("broker figures unavailable: Redis does not answer")
+        return None
