@@ -1,6 +1,8 @@
 """Probe deadlines are bounded by the longest one the region tasks' time limits allow
 (monitor.limits.PROBE_TIMEOUT_MAX_S); tasks set above it are brought down to it."""
 
+from typing import Any
+
 import django.core.validators
 from django.db import migrations, models
 
@@ -8,7 +10,7 @@ from django.db import migrations, models
 PROBE_TIMEOUT_MAX_S = 900
 
 
-def clamp(apps, schema_editor):
+def clamp(apps: Any, schema_editor: Any) -> None:
     Task = apps.get_model("monitor", "Task")
     Task.objects.filter(probe_timeout_s__gt=PROBE_TIMEOUT_MAX_S).update(
         probe_timeout_s=PROBE_TIMEOUT_MAX_S

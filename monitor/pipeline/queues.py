@@ -90,12 +90,13 @@ def dead_letter_count() -> int:
 
 def dead_letters(limit: int = 100) -> list[DeadLetter]:
     """The oldest parked messages, for the status page."""
-    return [json.loads(raw) for raw in client().lrange(DEAD_LETTER_KEY, 0, limit - 1)]
+    raws: list[bytes] = client().lrange(DEAD_LETTER_KEY, 0, limit - 1)  # type: ignore[assignment]
+    return [json.loads(raw) for raw in raws]
 
 
 def take_dead_letter() -> DeadLetter | None:
     """Remove and return the oldest parked message (the replayer puts it back if it fails)."""
-    raw = client().lpop(DEAD_LETTER_KEY)
+    raw: bytes | None = client().lpop(DEAD_LETTER_KEY)  # type: ignore[assignment]
     return None if raw is None else json.loads(raw)
 
 

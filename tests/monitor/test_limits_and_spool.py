@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.conf import settings as django_settings
@@ -21,28 +22,31 @@ from monitor.pipeline import spool, worker
 
 def test_time_limits_all_follow_from_the_longest_probe_deadline() -> None:
     field = Task._meta.get_field("probe_timeout_s")
-    assert max(v.limit_value for v in field.validators) == limits.PROBE_TIMEOUT_MAX_S
+    assert max(v.limit_value for v in field.validators) == limits.PROBE_TIMEOUT_MAX_S  # type: ignore[attr-defined]
     with pytest.raises(ValidationError):
         field.run_validators(limits.PROBE_TIMEOUT_MAX_S + 1)
     # A batch of the longest probes is given up on (and cancelled) before its soft limit,
     # which comes before its hard limit, which comes before redelivery.
-    longest = [({"timeout_s": limits.PROBE_TIMEOUT_MAX_S}, None)]
-    bound = worker._bound_s(longest, limits.BATCH_SPREAD_MAX_S)  # type: ignore[arg-type]
+    longest: Any = [({"timeout_s": limits.PROBE_TIMEOUT_MAX_S}, None)]
+    bound = worker._bound_s(longest, limits.BATCH_SPREAD_MAX_S)
     assert bound < limits.REGION_TASK_SOFT_LIMIT_S < limits.REGION_TASK_HARD_LIMIT_S
     assert limits.REGION_TASK_HARD_LIMIT_S < limits.VISIBILITY_TIMEOUT_S
     assert limits.INGEST_RETRY_BACKOFF_MAX_S < limits.VISIBILITY_TIMEOUT_S
     # A probe set above the maximum is held to it too.
-    assert worker._bound_s([({"timeout_s": 3600}, None)], 10.0) == bound  # type: ignore[list-item]
+    too_long: Any = [({"timeout_s": 3600}, None)]
+    assert worker._bound_s(too_long, 10.0) == bound
     for task in (tasks.run_probe_batch, tasks.run_race):
         assert task.soft_time_limit == limits.REGION_TASK_SOFT_LIMIT_S
         assert task.time_limit == limits.REGION_TASK_HARD_LIMIT_S
-        assert task.acks_late and task.reject_on_worker_lost
+        assert task.acks_late
+        assert task.reject_on_worker_lost
     transport = django_settings.CELERY_BROKER_TRANSPORT_OPTIONS
     assert transport["visibility_timeout"] == limits.VISIBILITY_TIMEOUT_S
 
 
 def test_periodic_tasks_expire_before_they_can_pile_up() -> None:
-    for name, entry in django_settings.CELERY_BEAT_SCHEDULE.items():
+    schedule: dict[str, Any] = django_settings.CELERY_BEAT_SCHEDULE
+    for name, entry in schedule.items():
         expires = entry.get("options", {}).get("expires")
         assert expires is not None, name
         # By the next run (the overview: the one after, as it runs twice per refresh).
@@ -100,7 +104,7 @@ def test_a_failed_publish_leaves_the_spool_as_it_was(spool_dir) -> None:
     def broker_down(entry: spool.SpoolEntry) -> None:
         raise OSError("connection refused")
 
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="connection refused"):
         spool.drain(broker_down)
     assert spool.pending() == 2
     kinds = []
