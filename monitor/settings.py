@@ -78,7 +78,7 @@ try:
     # Region workers: results that cannot be published (broker down) wait in this directory,
     # at most this many batches and bytes (the oldest are dropped, with a counted log line),
     # and are published again every RW_SPOOL_RETRY_SECONDS and before each new batch.
-    SPOOL_DIR = Path(envstr("RW_SPOOL_DIR", str(VAR_DIR / "spool")))
+    SPOOL_DIR = Path(envstr("RW_SPOOL_DIR") or str(VAR_DIR / "spool"))
     SPOOL_MAX_BATCHES = envint("RW_SPOOL_MAX_BATCHES", 2000, minimum=1)
     SPOOL_MAX_BYTES = envint("RW_SPOOL_MAX_BYTES", 256 * 1024 * 1024, minimum=1024)
     SPOOL_RETRY_SECONDS = envint("RW_SPOOL_RETRY_SECONDS", 15, minimum=1, maximum=3600)
