@@ -36,6 +36,7 @@ from monitor.pages import task as pages_task
 from monitor.pages import whatif as pages_whatif
 from monitor.pages.common import RANGES, may_read, parse_range, readonly_page
 from monitor.pages.http import HtmxHttpRequest
+from monitor.pages.overview import metric_label
 
 
 def _partial(request: HtmxHttpRequest, template: str, partials: set[str]) -> str:
@@ -105,6 +106,8 @@ def task_detail(request: HtmxHttpRequest, slug: str) -> HttpResponse:
         "ranges": RANGES.values(),
         "custom_rows": range(1, pages_whatif.CUSTOM_ROWS + 1),
         "now": now,
+        "metric_label": metric_label(data.choice.metric),
+        "reference": task.reference_label(),
     }
     return render(request, _partial(request, "front/task.html", {"whatif", "task-body"}), ctx)
 

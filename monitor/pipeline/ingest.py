@@ -33,7 +33,9 @@ from django.db import DatabaseError, connection, models, transaction
 from django.utils import timezone
 
 from monitor.models import (
+    BODY_JSON,
     OUTCOME_MISSED,
+    PREFIX_STABLE,
     SLOT_DISPATCHED,
     SLOT_DONE,
     SLOT_MISSED,
@@ -43,8 +45,14 @@ from monitor.models import (
     ProbeSlot,
     RaceRun,
     Route,
+    Task,
 )
-from monitor.pipeline.messages import ContractError, result_key, result_payload_from_json
+from monitor.pipeline.messages import (
+    ContractError,
+    ResultPayload,
+    result_key,
+    result_payload_from_json,
+)
 from monitor.stats import rollups
 from monitor.stats.rollups import ResultRow
 from probes.errors import Kind
@@ -332,6 +340,30 @@ def _known_eval_cases(payloads: Iterable[Mapping[str, Any]]) -> set[int]:
     return set(EvalCase.objects.filter(pk__in=ids).values_list("pk", flat=True))
 
 
+def mark_reference(
+    payloads: Sequence[ResultPayload], routes: Mapping[int, Route]
+) -> list[dict[str, Any]]:
+    """Set each result's `reference`: probed with its task's reference option set, the probes
+    that rank routes (Task.reference). Judged here, by the task's settings at ingest."""
+    tasks = Task.objects.in_bulk({p["task_id"] for p in payloads if p.get("task_id")})
+    marked = []
+    for p in payloads:
+        task, route = tasks.get(p.get("task_id") or 0), routes.get(p["route_id"])
+        reference = (
+            task is not None
+            and route is not None
+            and task.is_reference(
+                route.provider,
+                http2=bool(p.get("http2")),
+                body_encoding=str(p.get("body_encoding") or BODY_JSON),
+                cold=bool(p.get("cold")),
+                prefix_mode=str(p.get("prefix_mode") or PREFIX_STABLE),
+            )
+        )
+        marked.append({**p, "reference": reference})
+    return marked
+
+
 def ingest(message: object) -> int:
     """Store results from region workers (a list of ResultPayload); returns how many new rows
     were written. What cannot be stored is logged, counted and skipped; the rest is kept."""
@@ -347,13 +379,19 @@ def ingest(message: object) -> int:
         except ContractError as exc:
             log.warning("rejected result %s: %s", result_key(item), exc)
             rejected += 1
-    prices = {r.pk: r for r in Route.objects.filter(pk__in={p["route_id"] for p in payloads})}
+    prices = {
+        r.pk: r
+        for r in Route.objects.filter(pk__in={p["route_id"] for p in payloads}).select_related(
+            "provider"
+        )
+    }
+    rows_in = mark_reference(payloads, prices)
     # An eval case deleted since the probe was sent: the measurement still counts, ungraded
     # against a case that no longer exists (the foreign key would refuse the row).
     cases = _known_eval_cases(payloads)
     now = timezone.now()
     rows = []
-    for payload in payloads:
+    for payload in rows_in:
         case_id = payload.get("eval_case_id")
         if case_id is not None and case_id not in cases:
             payload = {**payload, "eval_case_id": None}

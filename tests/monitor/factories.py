@@ -35,6 +35,9 @@ def region(slug: str) -> Region:
 def task(slug: str, routes: list[Route], regions: list[Region], **kw: Any) -> Task:
     kw.setdefault("user_template", "Q: {input}")
     kw.setdefault("probe_interval_s", 60)
+    # The tests here were written for e2e p50; latency-class defaults have tests of their own.
+    kw.setdefault("latency_metric", "e2e_p50")
+    kw.setdefault("min_graded", 10)
     t = Task.objects.create(name=slug.title(), slug=slug, **kw)
     t.routes.set(routes)
     t.regions.set(regions)
