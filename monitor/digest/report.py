@@ -287,10 +287,10 @@ def _why_changed(
         if now_last.reason == selection.REASON_QUALITY and now_last.pass_rate is not None:
             bar = task.min_pass_rate
             bar_text = f" under the {bar * 100:.0f}% bar" if bar is not None else ""
-            rate = now_last.pass_rate
+            passed = now_last.pass_rate
             detail = (
-                f"{name} passed {rate.k} of {rate.n} graded probes "
-                f"({format_pct(rate.low)}-{format_pct(rate.high)}, 95%){bar_text}."
+                f"{name} passed {passed.k} of {passed.n} graded probes "
+                f"({format_pct(passed.low)}-{format_pct(passed.high)}, 95%){bar_text}."
             )
         else:
             detail = f"{name}: {now_last.detail or now_last.reason}."
