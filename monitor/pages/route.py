@@ -140,11 +140,12 @@ class RoutePage:
 #    "chunks": [[point | null, ...], ...]}
 # The chunks joined, less their first k points, are the window's n points, one per hour or day
 # from start, null where no rollup row exists (an outage shows as a gap, never as a line);
-# a point is [ttft p50, p95, p99, e2e p50, p95, p99, tps p50, p95, p99] (SERIES_METRICS),
-# null where too few samples. An hourly chart joins one HourStrip per day (31 rows for a month,
+# a point is [ttft p50, p95, p99, e2e p50, p95, p99, tps p50, p95, p99, ttfat p50, p95, p99]
+# (SERIES_METRICS; hours stored before migration 0013 end after tps), null where too few
+# samples. An hourly chart joins one HourStrip per day (31 rows for a month,
 # the text of each already JSON); a daily one writes one point per daily rollup row. Either
 # way PostgreSQL hands back one string and Python parses no number.
-SERIES_METRICS = ("ttft_ms", "e2e_ms", "tps")
+SERIES_METRICS = ("ttft_ms", "e2e_ms", "tps", "ttfat_ms")
 _EMPTY_STRIP = "[" + ", ".join(["null"] * 24) + "]"
 _REGION = {True: "IS NULL", False: "= %(region)s"}
 _HOUR_CHUNKS_SQL = """
@@ -155,7 +156,8 @@ LEFT JOIN monitor_hourstrip AS s
 """
 _DAY_CHUNKS_SQL = """
 SELECT '[' || string_agg(CASE WHEN r.id IS NULL THEN 'null'
-                             ELSE rw_hour_point(r.ttft_pcts, r.e2e_pcts, r.tps_pcts)::text END,
+                             ELSE rw_chart_point(r.ttft_pcts, r.e2e_pcts, r.tps_pcts,
+                                                 rw_pairs_pcts(r.ttfat_hist, 1.0))::text END,
                         ',' ORDER BY d.i) || ']'
 FROM unnest(%(days)s::timestamptz[]) WITH ORDINALITY AS d(day, i)
 LEFT JOIN monitor_rollup AS r
