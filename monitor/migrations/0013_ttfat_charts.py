@@ -84,7 +84,9 @@ $$;
 """
 
 
-NEW_POINT = "rw_chart_point(NEW.ttft_pcts, NEW.e2e_pcts, NEW.tps_pcts, rw_pairs_pcts(NEW.ttfat_hist, 1.0))"
+NEW_POINT = (
+    "rw_chart_point(NEW.ttft_pcts, NEW.e2e_pcts, NEW.tps_pcts, rw_pairs_pcts(NEW.ttfat_hist, 1.0))"
+)
 OLD_POINT = "rw_hour_point(NEW.ttft_pcts, NEW.e2e_pcts, NEW.tps_pcts)"
 NEW_ROW_POINT = "rw_chart_point(ttft_pcts, e2e_pcts, tps_pcts, rw_pairs_pcts(ttfat_hist, 1.0))"
 OLD_ROW_POINT = "rw_hour_point(ttft_pcts, e2e_pcts, tps_pcts)"
