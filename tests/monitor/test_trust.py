@@ -136,7 +136,8 @@ def test_wilson_intervals_and_percentile_ranks_are_the_textbook_ones() -> None:
     assert confidence.rank_bounds(20, 95)[1] is None
     # Large n uses the normal approximation around n*q.
     lo, hi = confidence.rank_bounds(10_000, 50)
-    assert lo is not None and hi is not None
+    assert lo is not None
+    assert hi is not None
     assert 4890 < lo < 5000 < hi < 5110
 
 
@@ -150,7 +151,8 @@ def test_a_percentile_interval_covers_the_true_value_about_95_percent_of_the_tim
         counts: dict[int, int] = {}
         hist.add_into(counts, hist.build(values, hist.MS))
         e = confidence.percentile(counts, 50)
-        assert e.low is not None and e.high is not None
+        assert e.low is not None
+        assert e.high is not None
         hits += e.low <= true_median * 1.025 and e.high >= true_median / 1.025
     assert 0.92 <= hits / trials <= 1.0
 
@@ -261,9 +263,10 @@ def test_cold_and_msgpack_probes_do_not_move_the_ranking() -> None:
     assert before.winner is not None
     assert before.winner.route == a
     # a's cold and msgpack probes are very slow: the comparisons show it, the ranking does not.
+    options: list[dict[str, object]] = [{"cold": True}, {"body_encoding": "msgpack-gzip"}] * 30
     slow = [
-        {**f.payload(t, a, eu, T0 + timedelta(seconds=100 + i), e2e_ms=9000), **options}
-        for i, options in enumerate([{"cold": True}, {"body_encoding": "msgpack-gzip"}] * 30)
+        {**f.payload(t, a, eu, T0 + timedelta(seconds=100 + i), e2e_ms=9000), **option}
+        for i, option in enumerate(options)
     ]
     ingest.ingest(slow)
     after = _choose(t, eu)
@@ -276,14 +279,15 @@ def test_cold_and_msgpack_probes_do_not_move_the_ranking() -> None:
 
 
 def test_every_option_combination_meets_every_eval_case_over_a_cycle() -> None:
-    variants = list(itertools.product(["1.1", "2"], ["json", "msgpack-gzip"], ["warm", "cold"]))
-    reference = ("2", "json", "warm")
+    variants = list(
+        itertools.product(["1.1", "2"], ["json", "msgpack-gzip"], ["warm", "cold"], ["stable"])
+    )
+    reference = ("2", "json", "warm", "stable")
     cases = 3
     cycle = 2 * (len(variants) - 1) * cases
     for start in (0, 17, 1000):
         seen = Counter(
-            slots.assignment(n, variants, reference, cases)  # type: ignore[arg-type]
-            for n in range(start, start + cycle)
+            slots.assignment(n, variants, reference, cases) for n in range(start, start + cycle)
         )
         for variant in variants:
             per_case = [seen[(variant, c)] for c in range(cases)]
