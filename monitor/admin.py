@@ -295,9 +295,17 @@ class TaskAdmin(admin.ModelAdmin[Task]):
                     "latency_metric",
                     "ttft_p95_budget_ms",
                     "e2e_p95_budget_ms",
+                    "ttft_budget_on_answer",
+                    "max_error_rate",
                     "min_pass_rate",
+                    "min_graded",
                     "min_quality_index",
-                ]
+                ],
+                "description": "The latency class sets a default for every empty setting: "
+                "interactive ranks on TTFT p95 (time to first answer token p95 when a route "
+                "reasons), with a 2 s TTFT budget, at most 2% errors and 20 graded probes; async "
+                "on e2e p50 with a 30 s e2e p95 budget, 5% errors; batch on e2e p50, preferring "
+                "the cheaper of routes tied within noise, 10% errors and 10 graded probes.",
             },
         ),
         (
@@ -314,7 +322,22 @@ class TaskAdmin(admin.ModelAdmin[Task]):
         ),
         (
             "Probe options",
-            {"fields": ["http_versions", "body_encodings", "connection_modes", "prefix_modes"]},
+            {
+                "fields": [
+                    "http_versions",
+                    "body_encodings",
+                    "connection_modes",
+                    "prefix_modes",
+                    "reference_http_version",
+                    "reference_connection_mode",
+                    "reference_body_encoding",
+                    "reference_prefix_mode",
+                ],
+                "description": "Every other probe uses the reference options, and only those "
+                "rank routes; the probes between cycle through the other combinations and feed "
+                "the route page's comparisons. Each combination meets each eval case equally "
+                "often.",
+            },
         ),
         ("Spend", {"fields": ["monthly_spend_cap_usd"]}),
     ]
