@@ -183,7 +183,7 @@ def import_prices(
             report.changes.append(
                 f"{label} (from {name!r}): "
                 + ", ".join(
-                    f"{f.removeprefix('price_').removesuffix('_per_mtok')} "
+                    f"{f.removeprefix('price_').removesuffix('_per_mtok').replace('_', ' ')} "
                     f"{_money(old[f])} -> {_money(new[f])}"
                     for f in PRICE_FIELDS
                     if old[f] != new[f]
