@@ -12,8 +12,8 @@ Formats, by file extension (or `fmt`):
 - JSONL, one object a line: OpenAI evals' `{"input": [chat messages] or text, "ideal": text
   or [texts]}`, or ours: `{"input", "expected", "grader", "tolerance", "json_schema", "name"}`.
 - promptfoo YAML: a config with `tests` (and `defaultTest`), or a bare list of tests; each
-  test's `vars` give the input (the var named by `input_var`, else `input`, else the only var)
-  and its `assert` list the graders."""
+  test's `vars` give the input (the var named by `input_var`, else the one var the config's
+  prompts insert, else `input`, else the only var) and its `assert` list the graders."""
 
 from __future__ import annotations
 
@@ -203,10 +203,11 @@ def _csv_record(
     assertions = [record[c].strip() for c in assertion_columns if (record.get(c) or "").strip()]
     if assertions:
         variables = {input_column: text}
-        mapped = [_promptfoo_string(value, line, source, result.notes) for value in assertions]
-        _add_assertion_cases(
-            result, [m for m in mapped if m is not None], name, text, line, variables
-        )
+        mapped = [
+            _promptfoo_string(_render(value, variables), line, source, result.notes)
+            for value in assertions
+        ]
+        _add_assertion_cases(result, [m for m in mapped if m is not None], name, text, line)
         return
     grader = (record.get("grader") or "").strip() or default_grader
     if grader not in GRADER_NAMES:
@@ -374,8 +375,13 @@ _JS_TOLERANCE = re.compile(
 _TEMPLATE_VAR = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 
 
-def _render(value: str, variables: dict[str, Any]) -> str:
-    """promptfoo renders {{ var }} in assertion values with the test's vars."""
+def _render(value: Any, variables: dict[str, Any]) -> Any:
+    """promptfoo renders {{ var }} in assertion values with the test's vars (in texts and
+    lists of texts; schemas are left as written)."""
+    if isinstance(value, list):
+        return [_render(item, variables) for item in value]
+    if not isinstance(value, str):
+        return value
     return _TEMPLATE_VAR.sub(
         lambda m: str(variables[m.group(1)]) if m.group(1) in variables else m.group(0), value
     )
@@ -484,7 +490,6 @@ def _add_assertion_cases(
     name: str,
     case_input: str,
     line: int,
-    variables: dict[str, Any],
 ) -> None:
     if not mapped:
         result.notes.append(f"line {line}: test {name!r} not imported: no assertion it can grade")
@@ -502,7 +507,7 @@ def _add_assertion_cases(
                 name=(name[: NAME_MAX - len(suffix)] + suffix),
                 input=case_input,
                 grader=assertion.grader,
-                expected=_render(assertion.expected, variables),
+                expected=assertion.expected,
                 tolerance=assertion.tolerance,
                 json_schema=assertion.json_schema,
             )
@@ -511,6 +516,16 @@ def _add_assertion_cases(
 
 def _line(node: Any, fallback: int) -> int:
     return node.line if isinstance(node, _Located) else fallback
+
+
+def _prompt_var(prompts: Any) -> str:
+    """The one var the config's prompts insert, if there is exactly one: the case's input."""
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    if not isinstance(prompts, list):
+        return ""
+    names = {m.group(1) for p in prompts if isinstance(p, str) for m in _TEMPLATE_VAR.finditer(p)}
+    return names.pop() if len(names) == 1 else ""
 
 
 def _parse_promptfoo(text: str, source: str, stem: str, input_var: str) -> EvalFile:
@@ -558,6 +573,8 @@ def _parse_promptfoo(text: str, source: str, stem: str, input_var: str) -> EvalF
         raise ImportFileError(
             "expected a promptfoo config (with tests) or a list of tests", line=1, source=source
         )
+    if not input_var and isinstance(document, dict):
+        input_var = _prompt_var(document.get("prompts"))
     if not isinstance(tests, list) or not tests:
         raise ImportFileError("no tests in the file", line=_line(document, 1), source=source)
     for test in tests:
@@ -607,13 +624,12 @@ def _promptfoo_test(
         if not isinstance(assertion, dict) or not isinstance(assertion.get("type"), str):
             raise ImportFileError("an assertion needs a type", line=at, source=source)
         kind = assertion["type"]
-        found = _note_or_mapped(
-            _map_assertion(kind, assertion.get("value"), at), kind, at, result.notes
-        )
+        rendered = _render(assertion.get("value"), variables)
+        found = _note_or_mapped(_map_assertion(kind, rendered, at), kind, at, result.notes)
         if found is not None:
             mapped.append(found)
     name = _name(test.get("description"), stem, line)
-    _add_assertion_cases(result, mapped, name, str(value), line, variables)
+    _add_assertion_cases(result, mapped, name, str(value), line)
 
 
 # --- writing -------------------------------------------------------------------------------
