@@ -339,9 +339,13 @@ class RouteAdmin(admin.ModelAdmin[Route]):
     def import_prices_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_change_permission(request):
             raise PermissionDenied
-        form = PriceImportForm(request.POST or None, request.FILES or None)
+        form = (
+            PriceImportForm(request.POST, request.FILES)
+            if request.method == "POST"
+            else PriceImportForm()
+        )
         report = None
-        if request.method == "POST" and form.is_valid():
+        if form.is_bound and form.is_valid():
             data = form.cleaned_data
             try:
                 upload = data["file"]
@@ -356,9 +360,13 @@ class RouteAdmin(admin.ModelAdmin[Route]):
     def import_quality_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_change_permission(request):
             raise PermissionDenied
-        form = QualityImportForm(request.POST or None, request.FILES or None)
+        form = (
+            QualityImportForm(request.POST, request.FILES)
+            if request.method == "POST"
+            else QualityImportForm()
+        )
         report = None
-        if request.method == "POST" and form.is_valid():
+        if form.is_bound and form.is_valid():
             upload = form.cleaned_data["file"]
             try:
                 raw = _uploaded(upload)
@@ -486,9 +494,13 @@ class TaskAdmin(admin.ModelAdmin[Task]):
             and request.user.has_perm("monitor.add_evalcase")
         ):
             raise PermissionDenied
-        form = EvalImportForm(request.POST or None, request.FILES or None)
+        form = (
+            EvalImportForm(request.POST, request.FILES)
+            if request.method == "POST"
+            else EvalImportForm()
+        )
         report = None
-        if request.method == "POST" and form.is_valid():
+        if form.is_bound and form.is_valid():
             data = form.cleaned_data
             name = data["file"].name or "upload"
             try:
