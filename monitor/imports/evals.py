@@ -252,8 +252,9 @@ def _message_text(content: Any) -> str | None:
         return content
     if isinstance(content, list):
         parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-        if parts and all(isinstance(p, str) for p in parts):
-            return "".join(parts)
+        texts = [p for p in parts if isinstance(p, str)]
+        if texts and len(texts) == len(parts):
+            return "".join(texts)
     return None
 
 

@@ -61,7 +61,7 @@ def test_the_preset_menu_says_what_each_preset_sets(admin_client: Client) -> Non
     page = admin_client.get(reverse("admin:monitor_provider_add")).content.decode()
     assert "Anthropic: anthropic format, x-api-key: &lt;key&gt;" in page
     assert "explicit cache_control breakpoints, reasoning by thinking budget" in page
-    assert "Ollama (local): openai format" in page and "HTTP/1.1" in page
+    assert "Ollama (local): openai format, none (any key is accepted and ignored), HTTP/1.1" in page
 
 
 def test_a_preset_applies_when_chosen_not_on_every_later_save(admin_client: Client) -> None:
