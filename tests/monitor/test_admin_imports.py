@@ -135,6 +135,7 @@ def test_eval_cases_are_imported_from_an_upload_on_the_task(admin_client: Client
     change = admin_client.get(reverse("admin:monitor_task_change", args=[task.pk])).content.decode()
     url = reverse("admin:monitor_task_import_evals", args=[task.pk])
     assert url in change
+    assert "Import eval cases into Facts" in admin_client.get(url).content.decode()
     page = admin_client.post(
         url, {"file": _upload("promptfooconfig.yaml"), "grader": "exact", "tolerance": "0"}
     )
