@@ -250,6 +250,9 @@ class Provider(models.Model):
         help_text="For OpenAI format, the URL ending in /v1; for Anthropic, the URL before /v1.",
     )
     wire_format = models.CharField(max_length=20, choices=WIRE_FORMATS, default=WIRE_OPENAI)
+    # The admin preset it was made from (monitor.presets): its routes' default request settings
+    # and its name in LiteLLM's price file (manage.py import_prices). Blank: set up by hand.
+    preset = models.CharField(max_length=30, blank=True, default="")
     # Fernet token of the API key; the key itself is never stored, rendered or logged.
     api_key_encrypted = models.TextField(blank=True, default="", editable=False)
     extra_headers = models.JSONField(
@@ -313,6 +316,15 @@ class Route(models.Model):
     )
     price_output_per_mtok = models.DecimalField(
         "$ / M output tokens", max_digits=12, decimal_places=4, default=Decimal("0")
+    )
+    price_cached_input_per_mtok = models.DecimalField(
+        "$ / M cached input tokens",
+        max_digits=12,
+        decimal_places=4,
+        null=True,
+        blank=True,
+        help_text="Input tokens the provider reports as read from its prompt cache. "
+        "Empty: charged at the input price.",
     )
     quality_index = models.FloatField(
         null=True,
@@ -431,9 +443,20 @@ class Route(models.Model):
             or self.token_limit_param == TOKEN_LIMIT_MAX_COMPLETION_TOKENS
         )
 
-    def cost_usd(self, input_tokens: int, output_tokens: int) -> Decimal:
+    def cost_usd(
+        self, input_tokens: int, output_tokens: int, cached_tokens: int | None = None
+    ) -> Decimal:
+        """What a call costs. `input_tokens` counts all input, cached or not (as every wire
+        format reports it, probes.formats); the cached part is charged at the cached-input
+        price where one is set. Cache writes (Anthropic's) are charged at the input price."""
+        cached = min(max(cached_tokens or 0, 0), input_tokens)
+        if self.price_cached_input_per_mtok is None:
+            cached = 0
+        cached_price = self.price_cached_input_per_mtok or Decimal("0")
         return (
-            self.price_input_per_mtok * input_tokens + self.price_output_per_mtok * output_tokens
+            self.price_input_per_mtok * (input_tokens - cached)
+            + cached_price * cached
+            + self.price_output_per_mtok * output_tokens
         ) / Decimal(1_000_000)
 
 

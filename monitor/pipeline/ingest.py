@@ -220,7 +220,9 @@ def row_from_payload(
     if values["cost_usd"] is None and route is not None:
         values["cost_usd"] = _fit(
             columns["cost_usd"],
-            route.cost_usd(values["input_tokens"] or 0, values["output_tokens"] or 0),
+            route.cost_usd(
+                values["input_tokens"] or 0, values["output_tokens"] or 0, values["cached_tokens"]
+            ),
         )
     return tuple(values[f.attname] for f in _FIELDS)
 
