@@ -244,6 +244,8 @@ def ingest(data: object) -> bool:
                 region_id=key["region_id"],
                 slot_at=slot_at,
                 status=SLOT_DISPATCHED,
+                # Late by our clock at receipt, not by the worker's started_at.
+                deadline_at__gte=timezone.now(),
             ).update(
                 status=SLOT_DONE,
                 started_at=started_at,
