@@ -128,7 +128,7 @@ def ingest_race(result: dict[str, Any]) -> bool:
         log.warning("refused a race result: signed by another region than its race's")
         ingest.count_rejected(1)
         return False
-    return races.ingest(body)
+    return races.ingest(body, received_at=timezone.now())
 
 
 @shared_task(

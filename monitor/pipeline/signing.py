@@ -100,9 +100,8 @@ def new_secret() -> str:
 
 
 def canonical(value: object) -> bytes:
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
-    ).encode()
+    # NaN and infinities as Celery's JSON writes them (a worker's figures may hold them).
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
 def _signature(key: RegionSecret, envelope: Mapping[str, Any]) -> str:
