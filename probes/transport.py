@@ -154,10 +154,10 @@ class TimedBackend(httpcore.AsyncNetworkBackend):
         if phases is not None:
             phases.dns_start, phases.dns_end = started, resolved
             phases.connect_start = resolved
-            if not phases.allow_private and phases.plain_http:
-                raise BlockedAddress(f"plain http:// to {host} refused (https only)")
             if not phases.allow_private and not address_allowed(address):
                 raise BlockedAddress(f"{host} resolves to a non-public address ({address})")
+            if not phases.allow_private and phases.plain_http:
+                raise BlockedAddress(f"plain http:// to {host} refused (https only)")
         return await self._inner.connect_tcp(
             address,
             port,
