@@ -141,7 +141,8 @@ def verify(
         raise Refused(f"not a {kind} message")
     if region is not None and envelope.get("region") != region:
         raise Refused("for another region")
-    key = keys.get(envelope.get("kid")) if isinstance(envelope.get("kid"), str) else None
+    kid = envelope.get("kid")
+    key = keys.get(kid) if isinstance(kid, str) else None
     if key is None:
         raise Refused("signed with a key this side does not hold")
     sig = envelope.get("sig")

@@ -206,7 +206,7 @@ def test_results_are_stored_only_when_signed_by_the_region_and_for_an_open_slot(
     route.save()
     # Results left on the queue by earlier tests are not this test's.
     with celery_app.connection_for_write() as conn:
-        conn.default_channel.queue_purge("ingest")
+        conn.default_channel.queue_purge("ingest")  # type: ignore[attr-defined]
     env = support.child_env(connection.settings_dict)
     ingest_worker = support.start(
         support.celery("worker", "-Q", "ingest", "--pool", "solo", "-n", "in@%h", "-l", "INFO"),

@@ -200,7 +200,7 @@ def test_a_login_behind_a_tls_terminating_proxy_works(web_behind_proxy: int, own
     assert status == 200
     assert headers["Strict-Transport-Security"].startswith("max-age=3600")
     cookie = SimpleCookie()
-    for value in headers.get_all("Set-Cookie"):
+    for value in headers.get_all("Set-Cookie") or []:
         cookie.load(value)
     assert cookie["csrftoken"]["secure"]
     token = cookie["csrftoken"].value
@@ -224,6 +224,6 @@ def test_a_login_behind_a_tls_terminating_proxy_works(web_behind_proxy: int, own
     conn.close()
     assert response.status == 302, response.status
     session = SimpleCookie()
-    for value in response.headers.get_all("Set-Cookie"):
+    for value in response.headers.get_all("Set-Cookie") or []:
         session.load(value)
     assert session["sessionid"]["secure"]

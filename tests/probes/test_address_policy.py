@@ -9,8 +9,7 @@ import socket
 import pytest
 
 from probes import ProbeSpec, probe
-from probes.engine import warm_clients
-from probes.transport import address_allowed
+from probes.transport import address_allowed, warm_clients
 
 
 @pytest.mark.parametrize(
