@@ -5,7 +5,7 @@ import re
 from typing import Any, TypeVar
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.core.files.uploadedfile import UploadedFile
 from django.db.models import Model, QuerySet
@@ -34,6 +34,7 @@ from monitor.models import (
     Provider,
     RaceRun,
     Region,
+    RegionKey,
     Route,
     Subscription,
     Task,
@@ -193,6 +194,16 @@ class ProviderAdmin(admin.ModelAdmin[Provider]):
     @admin.display(boolean=True, description="API key set")
     def key_set(self, obj: Provider) -> bool:
         return obj.has_api_key
+
+    def save_model(self, request: HttpRequest, obj: Provider, form: Any, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        if getattr(obj, "secrets_cleared", False):
+            self.message_user(
+                request,
+                "The base URL now points to another origin, so the stored API key and this "
+                "provider's route secret headers were removed: enter the key again.",
+                level=messages.WARNING,
+            )
 
     # Keep the typed key out of Django's error reports.
     @method_decorator(sensitive_post_parameters("api_key"))
@@ -388,12 +399,69 @@ class RouteAdmin(admin.ModelAdmin[Route]):
         return super().changeform_view(request, object_id, form_url, extra_context)
 
 
+class RegionKeyForm(forms.ModelForm[RegionKey]):
+    # Write-only, like API keys: the region's workers get it as RW_REGION_KEYS=<key id>:<secret>.
+    secret = forms.CharField(
+        required=False,
+        strip=True,
+        min_length=32,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        help_text="Write-only: at least 32 characters, e.g. from "
+        '`python -c "import secrets; print(secrets.token_urlsafe(32))"`, or run '
+        "`manage.py region_key new <slug>`, which makes and prints one. Give it to this "
+        "region's workers first (RW_REGION_KEYS), then add it here: the newest active key signs.",
+    )
+
+    class Meta:
+        model = RegionKey
+        fields = ["secret", "is_active"]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if self.instance.pk is None and not data.get("secret") and self.has_changed():
+            self.add_error("secret", "A new key needs its secret.")
+        return data
+
+    def save(self, commit: bool = True) -> RegionKey:
+        key: RegionKey = super().save(commit=False)
+        if not key.key_id:
+            key.key_id = RegionKey.new_key_id()
+        if self.cleaned_data.get("secret"):
+            key.set_secret(self.cleaned_data["secret"])
+        if commit:
+            key.save()
+        return key
+
+
+class RegionKeyInline(admin.TabularInline[RegionKey, Region]):
+    model = RegionKey
+    form = RegionKeyForm
+    extra = 0
+    fields = ["key_id", "secret", "is_active", "created_at"]
+    readonly_fields = ["key_id", "created_at"]
+
+
 @admin.register(Region)
 class RegionAdmin(admin.ModelAdmin[Region]):
-    list_display = ["name", "slug", "queue_name", "is_active"]
+    list_display = ["name", "slug", "queue_name", "active_keys", "is_active"]
     list_filter = ["is_active"]
     search_fields = ["name", "slug"]
     prepopulated_fields = {"slug": ["name"]}
+    inlines = [RegionKeyInline]
+
+    @admin.display(description="active keys")
+    def active_keys(self, obj: Region) -> int:
+        return obj.keys.filter(is_active=True).count()
+
+    @method_decorator(sensitive_post_parameters())
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        return super().changeform_view(request, object_id, form_url, extra_context)
 
 
 class EvalCaseInline(admin.TabularInline[EvalCase, Task]):

@@ -3,10 +3,12 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import json
+import secrets
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -17,9 +19,16 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 from django.utils import timezone
 
-from monitor.crypto import decrypt_secret, encrypt_secret
+from monitor.crypto import (
+    decrypt_bound,
+    decrypt_secret,
+    encrypt_bound,
+    encrypt_secret,
+    origin_of,
+)
 from probes.errors import Kind
 from probes.formats import PROTECTED_BODY_KEYS
+from probes.transport import address_allowed
 
 WIRE_OPENAI = "openai"
 WIRE_ANTHROPIC = "anthropic"
@@ -235,7 +244,7 @@ def check_provider_url(url: str, *, allow_private: bool | None = None) -> None:
         raise ValidationError(f"The host {parts.hostname!r} does not resolve.") from None
     for info in infos:
         address = ipaddress.ip_address(info[4][0])
-        if not address.is_global:
+        if not address_allowed(str(address)):
             raise ValidationError(
                 f"{parts.hostname} resolves to a non-public address ({address}); "
                 "set PROVIDER_ALLOW_PRIVATE_NETWORKS=true to allow it."
@@ -282,6 +291,26 @@ class Provider(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """A new origin drops the stored key and the secret headers of this provider's routes
+        (they were entered for the old one), unless a key was entered for the new origin in
+        the same change. `secrets_cleared` says whether that happened (the admin asks for
+        the key again)."""
+        self.secrets_cleared = False
+        if self.pk is not None:
+            old = Provider.objects.filter(pk=self.pk).values_list("base_url", flat=True).first()
+            if old is not None and origin_of(old) != self.origin:
+                if getattr(self, "_key_origin", None) != self.origin and self.api_key_encrypted:
+                    self.api_key_encrypted = ""
+                    self.secrets_cleared = True
+                    if "update_fields" in kwargs and kwargs["update_fields"] is not None:
+                        kwargs["update_fields"] = {*kwargs["update_fields"], "api_key_encrypted"}
+                routes = Route.objects.filter(provider_id=self.pk).exclude(
+                    secret_headers_encrypted=""
+                )
+                self.secrets_cleared |= routes.update(secret_headers_encrypted="") > 0
+        super().save(*args, **kwargs)
+
     def clean(self) -> None:
         check_provider_url(self.base_url)
         if not isinstance(self.extra_headers, dict) or not all(
@@ -300,11 +329,21 @@ class Provider(models.Model):
         )
 
     def set_api_key(self, plaintext: str) -> None:
-        self.api_key_encrypted = encrypt_secret(plaintext) if plaintext else ""
+        """Store the key encrypted, bound to the origin of the current base URL (it is only
+        ever sent there: monitor.crypto.decrypt_bound)."""
+        self.api_key_encrypted = encrypt_bound(self.origin, plaintext) if plaintext else ""
+        self._key_origin = self.origin
 
     def get_api_key(self) -> str:
-        """The decrypted key; raises ApiKeyDecryptionError rather than return ciphertext."""
-        return decrypt_secret(self.api_key_encrypted) if self.api_key_encrypted else ""
+        """The decrypted key; raises ApiKeyDecryptionError rather than return ciphertext, and
+        KeyOriginMismatch for a key entered for another origin."""
+        if not self.api_key_encrypted:
+            return ""
+        return decrypt_bound(self.api_key_encrypted, self.base_url, accept_unbound=True)
+
+    @property
+    def origin(self) -> str:
+        return origin_of(self.base_url)
 
 
 class Route(models.Model):
@@ -430,8 +469,11 @@ class Route(models.Model):
         return bool(self.secret_headers_encrypted)
 
     def set_secret_headers(self, headers: dict[str, str]) -> None:
+        """Stored encrypted, bound to the provider's origin like its API key."""
         self.secret_headers_encrypted = (
-            encrypt_secret(json.dumps(headers, separators=(",", ":"))) if headers else ""
+            encrypt_bound(self.provider.origin, json.dumps(headers, separators=(",", ":")))
+            if headers
+            else ""
         )
 
     @property
@@ -479,6 +521,45 @@ class Region(models.Model):
     @property
     def queue_name(self) -> str:
         return f"probes.{self.slug}"
+
+
+class RegionKey(models.Model):
+    """A secret shared by the beat and one region's workers (monitor.pipeline.signing): it
+    signs what travels between them and encrypts the provider keys sent to that region.
+    Several may be active at once, so a key can be rotated with overlap: give the workers the
+    new key, add it here (the newest active key signs), then deactivate the old one."""
+
+    region = models.ForeignKey(Region, on_delete=models.CASCADE, related_name="keys")
+    key_id = models.CharField(max_length=40, unique=True, editable=False)
+    # Fernet token (FIELD_ENCRYPTION_KEYS) of the secret; write-only in the admin.
+    secret_encrypted = models.TextField(editable=False)
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["region", "-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.region_id}:{self.key_id}"
+
+    @staticmethod
+    def new_key_id() -> str:
+        return secrets.token_hex(8)
+
+    @classmethod
+    def issue(cls, region: Region) -> tuple[RegionKey, str]:
+        """A new active key for the region, and its secret (shown once, stored encrypted)."""
+        secret = secrets.token_urlsafe(32)
+        key = cls(region=region, key_id=cls.new_key_id())
+        key.set_secret(secret)
+        key.save()
+        return key, secret
+
+    def set_secret(self, secret: str) -> None:
+        self.secret_encrypted = encrypt_secret(secret)
+
+    def get_secret(self) -> str:
+        return decrypt_secret(self.secret_encrypted)
 
 
 def _default_http_versions() -> list[str]:

@@ -9,6 +9,7 @@ them): they never change.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import Task, shared_task
@@ -19,7 +20,7 @@ from django.utils import timezone
 from monitor.digest import sending
 from monitor.models import Heartbeat
 from monitor.pages import overview
-from monitor.pipeline import ingest, races, scheduling, worker
+from monitor.pipeline import ingest, races, scheduling, signing, worker
 from monitor.pipeline.messages import (
     INGEST_QUEUE,
     RUN_PROBE_BATCH,
@@ -28,6 +29,8 @@ from monitor.pipeline.messages import (
     race_result_to_json,
     results_to_json,
 )
+
+log = logging.getLogger(__name__)
 
 
 def beat(name: str) -> None:
@@ -59,16 +62,30 @@ REGION_TASK_OPTIONS: dict[str, Any] = {
 
 @shared_task(name=RUN_PROBE_BATCH, **REGION_TASK_OPTIONS)  # "monitor.tasks.run_probe_batch"
 def run_probe_batch(batch: dict[str, Any]) -> int:
-    """On a region worker: run a batch of probes, send the results to ingest over the broker."""
-    results = worker.run_batch(batch)
+    """On a region worker: run a batch of probes, send the results to ingest over the broker.
+    Only a batch signed for this region, unexpired and not seen before, is run."""
+    try:
+        key_id, body = signing.open_dispatch(batch, signing.KIND_BATCH)
+    except signing.Refused as exc:
+        log.error("refused a probe batch: %s", exc)
+        return 0
+    results = worker.run_batch(body)
     if results:
-        ingest_results.apply_async(args=(results_to_json(results),), queue=INGEST_QUEUE)
+        sealed = signing.seal_results(key_id, signing.KIND_RESULTS, results_to_json(results))
+        ingest_results.apply_async(args=(sealed,), queue=INGEST_QUEUE)
     return len(results)
 
 
 @shared_task(name="monitor.tasks.ingest_results", acks_late=True, reject_on_worker_lost=True)
-def ingest_results(results: list[dict[str, Any]]) -> int:
-    return ingest.ingest(results)
+def ingest_results(results: dict[str, Any]) -> int:
+    """Results signed by a region worker: stored only for that region's open slots."""
+    try:
+        region_id, body = signing.open_results(results, signing.KIND_RESULTS)
+    except signing.Refused as exc:
+        log.warning("refused a result message: %s", exc)
+        ingest.count_rejected(1)
+        return 0
+    return ingest.ingest(body, from_region=region_id)
 
 
 @shared_task(name="monitor.tasks.refresh_overview")
@@ -85,16 +102,33 @@ def delete_old_results() -> int:
 @shared_task(name=RUN_RACE, **REGION_TASK_OPTIONS)  # "monitor.tasks.run_race"
 def run_race(message: dict[str, Any]) -> str | None:
     """On a region worker: run one race, send its result to ingest over the broker."""
-    result = worker.run_race(message)
+    try:
+        key_id, body = signing.open_dispatch(message, signing.KIND_RACE)
+    except signing.Refused as exc:
+        log.error("refused a race message: %s", exc)
+        return None
+    result = worker.run_race(body)
     if result is None:
         return None
-    ingest_race.apply_async(args=(race_result_to_json(result),), queue=INGEST_QUEUE)
+    sealed = signing.seal_results(key_id, signing.KIND_RACE_RESULT, race_result_to_json(result))
+    ingest_race.apply_async(args=(sealed,), queue=INGEST_QUEUE)
     return result["winner_route_id"]
 
 
 @shared_task(name="monitor.tasks.ingest_race", acks_late=True, reject_on_worker_lost=True)
 def ingest_race(result: dict[str, Any]) -> bool:
-    return races.ingest(result)
+    try:
+        region_id, body = signing.open_results(result, signing.KIND_RACE_RESULT)
+    except signing.Refused as exc:
+        log.warning("refused a race result: %s", exc)
+        ingest.count_rejected(1)
+        return False
+    race = body.get("race") if isinstance(body, dict) else None
+    if not isinstance(race, dict) or race.get("region_id") != region_id:
+        log.warning("refused a race result: signed by another region than its race's")
+        ingest.count_rejected(1)
+        return False
+    return races.ingest(body, received_at=timezone.now())
 
 
 @shared_task(
@@ -109,17 +143,24 @@ def send_digests() -> dict[str, int]:
     return {"sent": summary.sent, "skipped": summary.skipped, "failed": summary.failed}
 
 
-# What the scheduler may ask to send, by task name.
-_DISPATCHABLE: dict[str, Task[Any, Any]] = {
-    RUN_PROBE_BATCH: run_probe_batch,
-    RUN_RACE: run_race,
+# What the scheduler may ask to send, by task name, and the kind of envelope it travels in.
+_DISPATCHABLE: dict[str, tuple[Task[Any, Any], str]] = {
+    RUN_PROBE_BATCH: (run_probe_batch, signing.KIND_BATCH),
+    RUN_RACE: (run_race, signing.KIND_RACE),
 }
 
 
 def send(dispatches: list[Dispatch]) -> dict[str, int]:
-    """Send what the scheduler planned, in order; returns the tallies (see `tick`)."""
+    """Send what the scheduler planned, in order, each signed for its region (its slots are
+    recorded missed when the region has no key); returns the tallies (see `tick`)."""
     sent: dict[str, int] = {}
     for d in dispatches:
-        _DISPATCHABLE[d.task_name].apply_async(args=(d.message,), queue=d.queue, expires=d.expires)
+        task, kind = _DISPATCHABLE[d.task_name]
+        try:
+            sealed = signing.seal_dispatch(kind, d.queue, d.message, d.expires)
+        except signing.NoRegionKey as exc:
+            log.error("not sent: %s", exc)
+            continue
+        task.apply_async(args=(sealed,), queue=d.queue, expires=d.expires)
         sent[d.tally_key] = sent.get(d.tally_key, 0) + d.tally
     return sent

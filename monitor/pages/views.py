@@ -213,8 +213,13 @@ def _scraper_token_ok(request: HttpRequest) -> bool:
 
 @require_GET
 def metrics(request: HtmxHttpRequest) -> HttpResponse:
-    """Prometheus scrape target: a bearer token (METRICS_BEARER_TOKEN), or the pages' rule."""
-    if not (_scraper_token_ok(request) or may_read(request)):
+    """Prometheus scrape target. With METRICS_BEARER_TOKEN set: that token, or a logged-in
+    user (public pages do not make it public); without one, the pages' rule."""
+    if settings.METRICS_BEARER_TOKEN:
+        allowed = _scraper_token_ok(request) or request.user.is_authenticated
+    else:
+        allowed = may_read(request)
+    if not allowed:
         return HttpResponse(
             "authentication required\n",
             status=401,

@@ -216,14 +216,19 @@ def row_from_payload(
             values[name] = fitted
     if values["route_id"] is None or values["region_id"] is None:
         raise BadPayload("route_id and region_id are required")
+    # Cost is ours to work out, from the tokens and the route's prices: a worker's figure is
+    # never trusted (it could hide spend from the cap).
     route = prices.get(values["route_id"])
-    if values["cost_usd"] is None and route is not None:
-        values["cost_usd"] = _fit(
+    values["cost_usd"] = (
+        _fit(
             columns["cost_usd"],
             route.cost_usd(
                 values["input_tokens"] or 0, values["output_tokens"] or 0, values["cached_tokens"]
             ),
         )
+        if route is not None
+        else None
+    )
     return tuple(values[f.attname] for f in _FIELDS)
 
 
@@ -366,9 +371,59 @@ def mark_reference(
     return marked
 
 
-def ingest(message: object) -> int:
+def admit(
+    payloads: Sequence[ResultPayload], region_id: int, received_at: datetime
+) -> tuple[list[ResultPayload], int]:
+    """Of the results a region's worker sent, those for an open slot of that region (one
+    that exists, is still dispatched, and whose deadline has not passed by our clock at
+    receipt); returns them and how many were refused (each logged by key, without values)."""
+    keys = set()
+    for p in payloads:
+        try:
+            at = datetime.fromisoformat(p["slot_at"]) if p["slot_at"] else None
+        except ValueError:
+            at = None
+        if at is not None:
+            keys.add((p["task_id"], p["route_id"], p["region_id"], at))
+    open_slots: dict[tuple[Any, ...], datetime] = {}
+    if keys:
+        rows = ProbeSlot.objects.filter(
+            region_id=region_id,
+            status=SLOT_DISPATCHED,
+            slot_at__in={k[3] for k in keys},
+        ).values_list("task_id", "route_id", "region_id", "slot_at", "deadline_at")
+        open_slots = {tuple(r[:4]): r[4] for r in rows}
+    admitted, refused = [], 0
+    for p in payloads:
+        reason = ""
+        if p["region_id"] != region_id:
+            reason = "sent by another region's worker"
+        else:
+            try:
+                at = datetime.fromisoformat(p["slot_at"]) if p["slot_at"] else None
+            except ValueError:
+                at = None
+            deadline = open_slots.get((p["task_id"], p["route_id"], p["region_id"], at))
+            if deadline is None:
+                reason = "no open slot for it"
+            elif received_at > deadline:
+                reason = "received after its slot's deadline"
+        if reason:
+            log.warning("rejected result %s: %s", result_key(p), reason)
+            refused += 1
+        else:
+            admitted.append(p)
+    return admitted, refused
+
+
+def ingest(message: object, *, from_region: int | None = None) -> int:
     """Store results from region workers (a list of ResultPayload); returns how many new rows
-    were written. What cannot be stored is logged, counted and skipped; the rest is kept."""
+    were written. What cannot be stored is logged, counted and skipped; the rest is kept.
+
+    `from_region`: the region whose key signed the message (the broker path,
+    monitor.tasks.ingest_results); then only results for that region's open slots are kept
+    (`admit`). Without it (trusted callers in this process) every result is stored."""
+    now = timezone.now()
     if not isinstance(message, list):
         log.warning("rejected a result message: expected a list, got %s", type(message).__name__)
         count_rejected(1)
@@ -381,6 +436,9 @@ def ingest(message: object) -> int:
         except ContractError as exc:
             log.warning("rejected result %s: %s", result_key(item), exc)
             rejected += 1
+    if from_region is not None:
+        payloads, refused_here = admit(payloads, from_region, now)
+        rejected += refused_here
     prices = {
         r.pk: r
         for r in Route.objects.filter(pk__in={p["route_id"] for p in payloads}).select_related(
@@ -391,7 +449,6 @@ def ingest(message: object) -> int:
     # An eval case deleted since the probe was sent: the measurement still counts, ungraded
     # against a case that no longer exists (the foreign key would refuse the row).
     cases = _known_eval_cases(payloads)
-    now = timezone.now()
     rows = []
     for payload in rows_in:
         case_id = payload.get("eval_case_id")

@@ -190,10 +190,11 @@ def _finite(value: float | None) -> float | None:
     return value if value is None or math.isfinite(value) else None
 
 
-def ingest(data: object) -> bool:
+def ingest(data: object, *, received_at: datetime | None = None) -> bool:
     """Store one race result from a region worker; False when the race was already closed,
     or when the result does not match the contract (logged and counted as ingest-rejected;
-    the race is then recorded missed by the sweep)."""
+    the race is then recorded missed by the sweep). `received_at` (the broker path): a race
+    whose deadline had passed by then, by our clock, is closed."""
     try:
         result = race_result_from_json(data)
         key = result["race"]
@@ -239,12 +240,15 @@ def ingest(data: object) -> bool:
             loser_tokens += tokens
     try:
         with transaction.atomic():
-            updated = RaceRun.objects.filter(
+            open_race = RaceRun.objects.filter(
                 task_id=key["task_id"],
                 region_id=key["region_id"],
                 slot_at=slot_at,
                 status=SLOT_DISPATCHED,
-            ).update(
+            )
+            if received_at is not None:  # late by our clock at receipt, not the worker's
+                open_race = open_race.filter(deadline_at__gte=received_at)
+            updated = open_race.update(
                 status=SLOT_DONE,
                 started_at=started_at,
                 winner_id=int(winner) if winner and winner in prices else None,

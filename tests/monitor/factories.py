@@ -6,7 +6,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from monitor.models import Provider, Region, Route, Task
+from monitor.models import Provider, Region, RegionKey, Route, Task
 
 
 def provider(slug: str = "acme", **kw: Any) -> Provider:
@@ -29,7 +29,10 @@ def route(p: Provider, model: str, **kw: Any) -> Route:
 
 
 def region(slug: str) -> Region:
-    return Region.objects.create(name=slug.upper(), slug=slug)
+    """A region with one active key (monitor.pipeline.signing): the beat can send to it."""
+    g = Region.objects.create(name=slug.upper(), slug=slug)
+    RegionKey.issue(g)
+    return g
 
 
 def task(slug: str, routes: list[Route], regions: list[Region], **kw: Any) -> Task:
