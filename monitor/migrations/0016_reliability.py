@@ -18,7 +18,7 @@ def clamp(apps: Any, schema_editor: Any) -> None:
 
 
 class Migration(migrations.Migration):
-    dependencies = [("monitor", "0011_real_providers")]
+    dependencies = [("monitor", "0015_region_keys")]
 
     operations = [
         migrations.RunPython(clamp, migrations.RunPython.noop),
