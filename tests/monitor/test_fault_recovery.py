@@ -31,8 +31,8 @@ from django.db.models import Count
 
 from devstack import embedded
 from monitor import tasks
-from monitor.models import ProbeResult, ProbeSlot, Provider, Region, Route, Task
-from monitor.pipeline import ingest, queues, scheduling
+from monitor.models import ProbeResult, ProbeSlot, Provider, Region, RegionKey, Route, Task
+from monitor.pipeline import ingest, queues, scheduling, signing
 from monitor.pipeline.messages import INGEST_QUEUE
 from simulator.testing import CONFIGS, SimulatorProcess
 from tests import support
@@ -53,6 +53,10 @@ def _var_dir() -> Path:
 
 def _figure(name: str, value: str) -> None:
     print(f"\nFAULT FIGURE {name}: {value}")
+
+
+# The key each region's worker holds, issued when the test configures its region.
+REGION_KEYS: dict[str, str] = {}
 
 
 @dataclass
@@ -118,8 +122,13 @@ class Stack:
                 "worker", "-Q", f"probes.{REGION}", "-c", "1", "-n", f"{REGION}@%h", "-l", "INFO"
             ),
             {
+                # What a region worker gets: the broker and its region's key, no database,
+                # no master key (monitor.pipeline.signing).
                 "RW_WORKER_ONLY": "true",
+                "RW_REGION": REGION,
+                "RW_REGION_KEYS": REGION_KEYS[REGION],
                 "DATABASE_URL": "",
+                "FIELD_ENCRYPTION_KEYS": "",
                 "RW_SPOOL_DIR": str(self.tmp / "spool"),
                 "RW_SPOOL_RETRY_SECONDS": "2",
                 **extra,
@@ -141,6 +150,8 @@ def _configure(sim: SimulatorProcess, *, timeout_s: int = 5) -> Task:
         for m in ("fast-small", "mid-think", "slow-large")
     ]
     region = Region.objects.create(name=REGION, slug=REGION)
+    key, secret = RegionKey.issue(region)
+    REGION_KEYS[REGION] = f"{key.key_id}:{secret}"
     task = Task.objects.create(
         name="faults",
         slug="faults",
@@ -350,8 +361,11 @@ def test_database_restarted_mid_ingest_loses_nothing(sim: SimulatorProcess, stac
     done = threading.Event()
 
     def publish() -> None:
+        key_id, _, secret = REGION_KEYS[REGION].partition(":")
+        key = signing.RegionSecret(key_id, secret)
         for body in messages:
-            tasks.ingest_results.apply_async(args=(body,), queue=INGEST_QUEUE)
+            sealed = signing.seal(key, REGION, signing.KIND_RESULTS, body, None)
+            tasks.ingest_results.apply_async(args=(sealed,), queue=INGEST_QUEUE)
             time.sleep(0.25)
         done.set()
 
