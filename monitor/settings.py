@@ -327,6 +327,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 3600.0,
         "options": {"expires": 3600.0},
     },
+    # Raw results' daily partitions, created days ahead (monitor.partitions).
+    "partitions": {
+        "task": "monitor.tasks.ensure_partitions",
+        "schedule": 3600.0,
+        "options": {"expires": 3600.0},
+    },
     # Digests go out at a chosen local hour; a few minutes late is fine, and cheap to ask.
     "digests": {
         "task": "monitor.tasks.send_digests",

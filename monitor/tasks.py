@@ -21,7 +21,7 @@ from django.db.models import F
 from django.utils import timezone
 from kombu.exceptions import OperationalError as BrokerError
 
-from monitor import limits
+from monitor import limits, partitions
 from monitor.digest import sending
 from monitor.models import Heartbeat
 from monitor.pages import overview
@@ -176,6 +176,12 @@ def refresh_overview() -> int:
 @shared_task(name="monitor.tasks.delete_old_results")
 def delete_old_results() -> int:
     return ingest.delete_old_results(settings.RAW_RETENTION_DAYS)
+
+
+@shared_task(name="monitor.tasks.ensure_partitions")
+def ensure_partitions() -> int:
+    """Create the raw results' daily partitions of the coming days (monitor.partitions)."""
+    return partitions.ensure_ahead()
 
 
 @shared_task(name=RUN_RACE, **REGION_TASK_OPTIONS)  # "monitor.tasks.run_race"

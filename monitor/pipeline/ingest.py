@@ -60,6 +60,7 @@ from monitor.models import (
     Route,
     Task,
 )
+from monitor import partitions
 from monitor.pipeline import signing
 from monitor.pipeline.messages import (
     ContractError,
@@ -261,11 +262,54 @@ DELETE FROM monitor_proberesult AS p USING rw_ingest AS i, monitor_probeslot AS 
 WHERE p.outcome = %s AND i.outcome <> %s
   AND p.task_id = i.task_id AND p.route_id = i.route_id
   AND p.region_id = i.region_id AND p.slot_at = i.slot_at
+  AND p.started_at >= %s AND p.started_at < %s
   AND s.task_id = i.task_id AND s.route_id = i.route_id
   AND s.region_id = i.region_id AND s.slot_at = i.slot_at
   AND i.started_at + coalesce(i.e2e_ms, 0) * interval '1 millisecond' <= s.deadline_at
 RETURNING {returning}
 """
+
+
+# Exactly one result per slot. The table is partitioned by started_at, so its unique key
+# (result_one_per_slot) must hold started_at too and no longer stops a second, different row
+# for a slot (a missed row stamped at the slot, a result measured after its deadline, a probe
+# run twice). Ingest is the authority instead: the slots' ProbeSlot rows are locked first
+# (_LOCK_SLOTS), then a row goes in only when no row of its slot exists (NOT EXISTS over the
+# partitions of the days around the slot: a slot's result starts within a day of it), one per
+# slot of the batch (DISTINCT ON, a measured row before a missed one). A second copy of a
+# result (same started_at) is still stopped by the key too (ON CONFLICT). Ad-hoc rows (no
+# slot) go in as they come.
+_LOCK_SLOTS = """
+SELECT 1 FROM monitor_probeslot AS s
+WHERE (s.task_id, s.route_id, s.region_id, s.slot_at) IN (
+  SELECT task_id, route_id, region_id, slot_at FROM rw_ingest WHERE slot_at IS NOT NULL)
+ORDER BY s.id FOR UPDATE OF s
+"""
+_INSERT_NEW = """
+INSERT INTO {table} ({columns})
+SELECT {columns} FROM (
+  SELECT DISTINCT ON (task_id, route_id, region_id, coalesce(slot_at::text, ctid::text)) *
+  FROM rw_ingest
+  ORDER BY task_id, route_id, region_id, coalesce(slot_at::text, ctid::text), outcome = 'missed'
+) AS i
+WHERE i.slot_at IS NULL OR NOT EXISTS (
+  SELECT 1 FROM {table} AS p
+  WHERE p.task_id = i.task_id AND p.route_id = i.route_id AND p.region_id = i.region_id
+    AND p.slot_at = i.slot_at AND p.started_at >= %s AND p.started_at < %s
+    AND p.started_at >= i.slot_at - interval '1 day' AND p.started_at < i.slot_at + interval '1 day')
+ON CONFLICT DO NOTHING RETURNING {rolled}
+"""
+SLOT_SPREAD = timedelta(days=1)
+
+
+def _slot_window(rows: Sequence[tuple[Any, ...]]) -> list[datetime]:
+    """Constant bounds around the batch's slots, so the planner reads only those days'
+    partitions (a slot's result starts within SLOT_SPREAD of it)."""
+    slots = [row[_KEY[3]] for row in rows if isinstance(row[_KEY[3]], datetime)]
+    if not slots:
+        now = timezone.now()
+        return [now, now]
+    return [min(slots) - SLOT_SPREAD, max(slots) + SLOT_SPREAD]
 
 
 def insert_rows(rows: Sequence[tuple[Any, ...]]) -> list[ResultRow]:
@@ -290,6 +334,11 @@ def insert_rows(rows: Sequence[tuple[Any, ...]]) -> list[ResultRow]:
             for row in rows:
                 copy.write_row(row)
         measured = sum(1 for row in rows if row[_OUTCOME] != OUTCOME_MISSED)
+        window = _slot_window(rows)
+        rolled = ", ".join(_ROLLED)
+        # The slots' rows, locked in one order: concurrent ingest workers and the sweep take
+        # turns per slot (the sweep skips locked slots), so the check below is not racing.
+        cursor.execute(_LOCK_SLOTS)
         inserted: list[ResultRow] = []
         # Twice at most: a sweep that commits its missed row between our DELETE and INSERT
         # makes the INSERT conflict; a second DELETE sees that row (a new statement, a new
@@ -298,14 +347,15 @@ def insert_rows(rows: Sequence[tuple[Any, ...]]) -> list[ResultRow]:
             if measured:
                 returning = ", ".join(f"p.{c}" for c in _ROLLED)
                 cursor.execute(
-                    _REPLACE_MISSED.format(returning=returning), [OUTCOME_MISSED, OUTCOME_MISSED]
+                    _REPLACE_MISSED.format(returning=returning),
+                    [OUTCOME_MISSED, OUTCOME_MISSED, *window],
                 )
                 replaced = [ResultRow(*r) for r in cursor.fetchall()]
                 if replaced:
                     rollups.retract(replaced)
             cursor.execute(
-                f"INSERT INTO monitor_proberesult ({columns}) SELECT {columns} FROM rw_ingest "
-                f"ON CONFLICT DO NOTHING RETURNING {', '.join(_ROLLED)}"
+                _INSERT_NEW.format(table=ProbeResult._meta.db_table, columns=columns, rolled=rolled),
+                window,
             )
             inserted.extend(ResultRow(*r) for r in cursor.fetchall())
             if len(inserted) == len(rows):
@@ -598,17 +648,13 @@ def sweep_missed(now: datetime | None = None, limit: int = 5000) -> int:
 
 
 def delete_old_results(days: int, batch: int = 20_000) -> int:
-    """Retention: delete raw results (and closed slots and races) older than `days`; rollups
-    stay."""
+    """Retention: raw results older than `days` go (whole daily partitions dropped, rows of the
+    other partitions deleted: monitor.partitions), with closed slots and races; rollups stay.
+    Returns how many rows were deleted row by row (dropped partitions are logged)."""
     cutoff = timezone.now() - timedelta(days=days)
-    total = 0
-    while True:
-        ids = list(
-            ProbeResult.objects.filter(started_at__lt=cutoff).values_list("id", flat=True)[:batch]
-        )
-        if not ids:
-            break
-        total += ProbeResult.objects.filter(id__in=ids).delete()[0]
+    done = partitions.drop_expired(cutoff, batch)
+    if done.dropped:
+        log.info("retention dropped partitions %s", ", ".join(done.dropped))
     ProbeSlot.objects.filter(slot_at__lt=cutoff).exclude(status=SLOT_DISPATCHED).delete()
     RaceRun.objects.filter(slot_at__lt=cutoff).exclude(status=SLOT_DISPATCHED).delete()
-    return total
+    return done.deleted
