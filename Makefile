@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 TYPECHECK_ENV := SECRET_KEY=typecheck-typecheck-typecheck-typecheck-typecheck-typecheck FIELD_ENCRYPTION_KEYS=YWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWE= \
 	DATABASE_URL=postgresql://typecheck@localhost/typecheck REDIS_URL=redis://localhost:6379/0
 
-.PHONY: run test lint typecheck pytest bench bench-simulator bench-probes bench-scale bench-pages vendor clean
+.PHONY: run test lint typecheck pytest bench bench-simulator bench-probes bench-scale bench-pages bench-partitions bench-load vendor clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -50,6 +50,14 @@ bench-scale: $(STAMP)
 # Server time of every dashboard page on the scale data set (ARGS="--days 30" for a month).
 bench-pages: $(STAMP)
 	$(PY) -m devstack exec -- $(PY) bench/bench_pages.py $(ARGS)
+
+# The partitioning migration on a populated table (time, write stalls) and retention's cost.
+bench-partitions: $(STAMP)
+	$(PY) -m devstack exec -- $(PY) bench/bench_partitions.py $(ARGS)
+
+# The whole pipeline at load against the simulator (ARGS="--scale 3", "--ingest-workers 2").
+bench-load: $(STAMP)
+	$(PY) -m devstack exec -- $(PY) bench/bench_load.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

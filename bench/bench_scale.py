@@ -132,11 +132,11 @@ $$;
 """
 
 
-def load(now: datetime, days: int) -> None:
+def load_raw(now: datetime, days: int) -> None:
+    """The configuration and `days` of raw rows up to `now` (no rollups)."""
     from django.db import connection, transaction
 
     from monitor.models import ProbeResult, Provider, Region, Rollup, Route, Task
-    from monitor.stats import hist
 
     print("loading: configuration", flush=True)
     with transaction.atomic():
@@ -185,10 +185,22 @@ def load(now: datetime, days: int) -> None:
             chunk_end = min(chunk_start + LOAD_CHUNK, now)
             cursor.execute(LOAD_SQL, {**speeds, "start": chunk_start, "end": chunk_end})
             chunk_start = chunk_end
-        print(
-            f"loading: raw rows in {time.perf_counter() - t0:.0f} s; building rollups", flush=True
-        )
-        t0 = time.perf_counter()
+    print(f"loading: raw rows in {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+def load(now: datetime, days: int) -> None:
+    from django.db import connection
+
+    from monitor import partitions
+    from monitor.stats import hist
+
+    # The days' partitions first (rows of days without one would land in the default one).
+    for n in range(days + 2):
+        partitions.create_day(now - timedelta(days=days - n))
+    load_raw(now, days)
+    print("loading: building rollups", flush=True)
+    t0 = time.perf_counter()
+    with connection.cursor() as cursor:
         cursor.execute(HIST_SQL)
         # The hour strips in one statement at the end, not row by row through their trigger.
         cursor.execute("ALTER TABLE monitor_rollup DISABLE TRIGGER rw_hour_strip_write")
@@ -429,12 +441,15 @@ def main() -> None:
 
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT reltuples::bigint FROM pg_class WHERE relname = 'monitor_proberesult'"
+            "SELECT sum(greatest(c.reltuples, 0))::bigint FROM pg_inherits i "
+            "JOIN pg_class c ON c.oid = i.inhrelid "
+            "WHERE i.inhparent = 'monitor_proberesult'::regclass"
         )
         rows = cursor.fetchone()[0]
         cursor.execute(
-            "SELECT relallvisible::float / greatest(relpages, 1) FROM pg_class"
-            " WHERE relname = 'monitor_proberesult'"
+            "SELECT sum(c.relallvisible)::float / greatest(sum(c.relpages), 1) FROM pg_inherits i "
+            "JOIN pg_class c ON c.oid = i.inhrelid "
+            "WHERE i.inhparent = 'monitor_proberesult'::regclass"
         )
         visible = cursor.fetchone()[0]
     print(f"\nraw rows (estimate): {rows:,}; heap pages all-visible: {visible:.0%}")

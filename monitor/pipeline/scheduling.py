@@ -19,7 +19,6 @@ from decimal import Decimal
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Max
 from django.utils import timezone
 
 from monitor.models import EvalCase, ProbeSlot, Region, Route, Task
@@ -54,6 +53,29 @@ def spend_capped(task: Task, route: Route, committed: Decimal) -> bool:
     return committed + spend.probe_estimate_usd(task, route) > task.monthly_spend_cap_usd
 
 
+def latest_slots() -> dict[tuple[int, int, int], datetime]:
+    """Each active (task, route, region)'s latest slot: one backward step of the slot key's
+    index per combination, so a tick costs the same after a day or after 90 days of slots (a
+    GROUP BY over the whole slot table grew with retention: 470M rows at 3,600 combinations
+    a minute)."""
+    routes = Task.routes.through._meta.db_table
+    regions = Task.regions.through._meta.db_table
+    sql = f"""
+        SELECT tr.task_id, tr.route_id, tg.region_id,
+          (SELECT s.slot_at FROM {ProbeSlot._meta.db_table} AS s
+           WHERE s.task_id = tr.task_id AND s.route_id = tr.route_id
+             AND s.region_id = tg.region_id
+           ORDER BY s.slot_at DESC LIMIT 1)
+        FROM {Task._meta.db_table} AS t
+        JOIN {routes} AS tr ON tr.task_id = t.id
+        JOIN {regions} AS tg ON tg.task_id = t.id
+        WHERE t.is_active
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+        return {(t, r, g): last for t, r, g, last in cursor.fetchall() if last is not None}
+
+
 def due_slots(now: datetime, committed: dict[int, Decimal] | None = None) -> list[Slot]:
     """The slots to create now. `committed` (spent plus in flight, per task; read here when not
     given) grows by each in-time slot's estimated cost as it is taken, so the cap holds within
@@ -62,12 +84,7 @@ def due_slots(now: datetime, committed: dict[int, Decimal] | None = None) -> lis
     if committed is None:
         committed = spend.committed_by_task(now)
     tasks = Task.objects.filter(is_active=True).prefetch_related("routes__provider", "regions")
-    latest = {
-        (r["task_id"], r["route_id"], r["region_id"]): r["last"]
-        for r in ProbeSlot.objects.values("task_id", "route_id", "region_id").annotate(
-            last=Max("slot_at")
-        )
-    }
+    latest = latest_slots()
     slots: list[Slot] = []
     for task in tasks:
         cap = task.monthly_spend_cap_usd

@@ -1,0 +1,547 @@
+"""The whole pipeline under load, on this machine, against the simulator (loopback only).
+
+    make bench-load                          # 20 tasks x 30 routes x 6 regions, a probe a minute
+    make bench-load ARGS="--scale 3"         # 3x the routes (10,800 combinations)
+    make bench-load ARGS="--ingest-workers 2 --region-concurrency 2 --measure 180"
+
+Real processes, as deployed: the simulator, celery beat (ticks every TICK_SECONDS), one celery
+worker per region (its own region key only, signed messages), N ingest workers (also running
+the tick, the sweep and the overview rebuild, as the `default` queue), and the pages read
+through Django during the load. A database of its own (routewatch_bench_load), rebuilt each
+run; the bench adds one column to the raw results there (rw_bench_written_at, the insert's
+clock time) to measure ingest lag.
+
+After a warm-up the bench measures a window, stops beat, and waits for the window's slots to
+close (result or missed). It reports, each against its target:
+- slots of the window missed (goal 0) and still open;
+- ingest lag p50/p99: probe end (started_at + e2e) to the row's insert (target p99 < 5 s);
+- tick duration p50/p99 (celery's own "succeeded in" of monitor.tasks.tick), and ingest
+  task duration;
+- rows per second written in the window;
+- CPU (cores used) and memory (RSS) per component, PostgreSQL and Redis included;
+- page server time p50/p95 per page (Django in this process), idle (before the workers start:
+  the same-run baseline) and during the load, with the ratio (target p95 < 100 ms).
+Retention's cost (drop of a day's partition vs DELETE of a day) is `make bench-partitions`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PY = sys.executable
+BENCH_DB = "routewatch_bench_load"
+SIM_CONFIG = ROOT / "simulator" / "configs" / "test.toml"
+SIM_PROVIDER = "fastchip"
+SIM_KEY = "sk-test-fastchip-0123456789"
+SIM_MODELS = ["fast-small", "mid-think", "slow-large"]
+SUCCEEDED = re.compile(r"Task (monitor\.tasks\.\w+)\[[^\]]+\] succeeded in ([0-9.]+)s")
+SERVER_ONLY_SECRETS = ("SECRET_KEY", "FIELD_ENCRYPTION_KEYS", "DATABASE_URL", "EMAIL_HOST_PASSWORD")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _p(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+@dataclass
+class Proc:
+    name: str
+    component: str
+    argv: list[str]
+    env: dict[str, str]
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+    out: IO[bytes] | None = field(default=None, repr=False)
+
+    def start(self) -> None:
+        self.out = self.log.open("wb")
+        self.proc = subprocess.Popen(
+            self.argv,
+            env=self.env,
+            cwd=ROOT,
+            stdout=self.out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        if self.out:
+            self.out.close()
+
+
+def _recreate(admin_url: str) -> str:
+    import psycopg
+
+    parts = urlsplit(admin_url)
+    with psycopg.connect(urlunsplit(parts._replace(path="/postgres")), autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {BENCH_DB}")
+    return urlunsplit(parts._replace(path=f"/{BENCH_DB}"))
+
+
+def build_world(
+    sim_url: str, tasks: int, routes: int, regions: int, interval_s: int
+) -> list[str]:
+    """Regions, simulated routes and tasks (every task probes every route from every region);
+    returns the region slugs."""
+    from django.db import connection
+
+    from monitor import presets
+    from monitor.models import Provider, Region, Route, Task
+
+    slugs = [f"r{i}" for i in range(regions)]
+    region_rows = [Region.objects.create(name=s.upper(), slug=s) for s in slugs]
+    route_rows = []
+    for p in range((routes + len(SIM_MODELS) - 1) // len(SIM_MODELS)):
+        provider = Provider.objects.create(
+            name=f"Sim {p}",
+            slug=f"sim{p}",
+            base_url=f"{sim_url}/{SIM_PROVIDER}/v1",
+            is_simulated=True,
+        )
+        provider.set_api_key(SIM_KEY)
+        provider.save(update_fields=["api_key_encrypted"])
+        for model in SIM_MODELS:
+            if len(route_rows) < routes:
+                route_rows.append(
+                    Route.objects.create(
+                        provider=provider,
+                        model_id=model,
+                        display_name=f"sim{p} / {model}",
+                        **presets.ROUTE_PRESETS["chat"]["settings"],
+                    )
+                )
+    for t in range(tasks):
+        task = Task.objects.create(
+            name=f"Load {t}",
+            slug=f"load-{t}",
+            user_template="Say hello in a few words.",
+            input_tokens=50,
+            max_tokens=60,
+            min_pass_rate=0.0,
+            ttft_p95_budget_ms=2000,
+            e2e_p95_budget_ms=8000,
+            probe_interval_s=interval_s,
+            probe_timeout_s=20,
+            http_versions=["1.1"],
+            connection_modes=["warm"],
+            body_encodings=["json"],
+            prefix_modes=["stable"],
+        )
+        task.routes.set(route_rows)
+        task.regions.set(region_rows)
+    with connection.cursor() as cursor:
+        # Bench only: when each row was inserted (ingest lag).
+        cursor.execute(
+            "ALTER TABLE monitor_proberesult ADD COLUMN rw_bench_written_at timestamptz "
+            "DEFAULT clock_timestamp()"
+        )
+    return slugs
+
+
+class Pages(threading.Thread):
+    """Reads every page, one after the other, until stopped; server time per page (ms)."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.stop = threading.Event()
+        self.times: dict[str, list[float]] = {}
+        self.failed = 0
+
+    def urls(self) -> list[tuple[str, str]]:
+        from monitor.models import Route, Task
+
+        task = Task.objects.order_by("pk").first()
+        route = Route.objects.order_by("pk").first()
+        assert task is not None and route is not None
+        return [
+            ("overview", "/"),
+            ("task, 24 h", f"/tasks/{task.slug}/"),
+            ("route, 24 h", f"/routes/{route.pk}/?task={task.slug}"),
+            ("regions", "/regions/"),
+            ("probe log", "/log/"),
+            ("status", "/status/"),
+        ]
+
+    def once(self, client: Any, urls: list[tuple[str, str]]) -> None:
+        for name, url in urls:
+            t0 = time.perf_counter()
+            response = client.get(url)
+            if getattr(response, "streaming", False):
+                b"".join(response.streaming_content)
+            ms = (time.perf_counter() - t0) * 1000
+            if response.status_code != 200:
+                self.failed += 1
+            self.times.setdefault(name, []).append(ms)
+
+    def run(self) -> None:
+        from django.contrib.auth.models import User
+        from django.db import connection
+        from django.test import Client
+
+        user, _ = User.objects.get_or_create(username="bench-load", is_staff=True)
+        client = Client(SERVER_NAME="localhost")
+        client.force_login(user)
+        urls = self.urls()
+        try:
+            while not self.stop.is_set():
+                self.once(client, urls)
+                self.stop.wait(0.5)
+        finally:
+            connection.close()
+
+
+def _tree(pid: int) -> list[Any]:
+    import psutil
+
+    try:
+        top = psutil.Process(pid)
+        return [top, *top.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _cpu(procs: list[Any]) -> float:
+    total = 0.0
+    for p in procs:
+        with contextlib.suppress(Exception):
+            t = p.cpu_times()
+            total += t.user + t.system
+    return total
+
+
+def _rss(procs: list[Any]) -> float:
+    total = 0
+    for p in procs:
+        with contextlib.suppress(Exception):
+            total += p.memory_info().rss
+    return total / 2**20
+
+
+def _servers(env: dict[str, str]) -> dict[str, list[int]]:
+    """PostgreSQL and Redis process ids (the embedded ones, or any on this machine)."""
+    import psutil
+
+    found: dict[str, list[int]] = {"postgres": [], "redis": []}
+    var = Path(env.get("RW_VAR_DIR", ROOT / "var")).resolve()
+    pidfile = var / "postgres" / "postmaster.pid"
+    if pidfile.exists():
+        found["postgres"].append(int(pidfile.read_text().split()[0]))
+    for p in psutil.process_iter(["name", "cwd", "cmdline"]):
+        with contextlib.suppress(Exception):
+            if "redis-server" in (p.info["name"] or "") and str(var) in " ".join(
+                [p.info["cwd"] or "", *(p.info["cmdline"] or [])]
+            ):
+                found["redis"].append(p.pid)
+    return found
+
+
+def run(ns: argparse.Namespace) -> int:
+    admin_url = os.environ["DATABASE_URL"]
+    url = _recreate(admin_url)
+    redis = urlsplit(os.environ["REDIS_URL"])
+    redis_url = urlunsplit(redis._replace(path="/9"))  # the bench's own broker database
+    tmp = Path(tempfile.mkdtemp(prefix="rw-bench-load-"))
+    tick_s = ns.tick
+    env = {
+        **os.environ,
+        "DATABASE_URL": url,
+        "REDIS_URL": redis_url,
+        "DJANGO_SETTINGS_MODULE": "monitor.settings",
+        "PROVIDER_ALLOW_PRIVATE_NETWORKS": "true",
+        "TICK_SECONDS": str(tick_s),
+        "SLOT_GRACE_SECONDS": str(ns.grace),
+        "RW_SPOOL_DIR": str(tmp / "spool"),
+        "PYTHONUNBUFFERED": "1",
+    }
+    os.environ.update(env)
+    subprocess.run([PY, str(ROOT / "manage.py"), "migrate", "--noinput", "-v0"], env=env, check=True)
+    # Pages link their static files through the manifest, as in production.
+    subprocess.run(
+        [PY, str(ROOT / "manage.py"), "collectstatic", "--noinput", "-v0"], env=env, check=True
+    )
+    import django
+
+    django.setup()
+    import redis as redis_client
+    from django.db import connection
+
+    redis_client.Redis.from_url(redis_url).flushdb()
+    sim_port = _free_port()
+    sim_url = f"http://127.0.0.1:{sim_port}"
+    routes = ns.routes * ns.scale
+    slugs = build_world(sim_url, ns.tasks, routes, ns.regions, ns.interval)
+    combos = ns.tasks * routes * ns.regions
+    keys = {}
+    for slug in slugs:
+        out = subprocess.run(
+            [PY, str(ROOT / "manage.py"), "region_key", "new", slug, "--replace"],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        keys[slug] = out.stdout.strip()
+    print(
+        f"load: {ns.tasks} tasks x {routes} routes x {ns.regions} regions = {combos:,} "
+        f"combinations, a probe every {ns.interval} s = {combos / ns.interval:.0f} probes/s; "
+        f"tick every {tick_s} s; {ns.ingest_workers} ingest worker(s) x concurrency "
+        f"{ns.ingest_concurrency}, region workers at concurrency {ns.region_concurrency}",
+        flush=True,
+    )
+    with contextlib.suppress(Exception):
+        print(f"machine load before start: {os.getloadavg()}", flush=True)
+
+    # Same-run baseline: the pages with no load (the same world, no results yet).
+    idle = Pages()
+    urls = idle.urls()
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    user, _ = User.objects.get_or_create(username="bench-load", is_staff=True)
+    client = Client(SERVER_NAME="localhost")
+    client.force_login(user)
+    for _ in range(5):
+        idle.once(client, urls)
+
+    celery = [PY, "-m", "celery", "-A", "monitor"]
+    procs = [
+        Proc(
+            "simulator",
+            "simulator",
+            [PY, "-m", "simulator", "--config", str(SIM_CONFIG), "--port", str(sim_port)],
+            env,
+            tmp / "simulator.log",
+        )
+    ]
+    for i in range(ns.ingest_workers):
+        procs.append(
+            Proc(
+                f"ingest{i}",
+                "ingest workers",
+                [
+                    *celery,
+                    "worker",
+                    "--loglevel",
+                    "INFO",
+                    "--queues",
+                    "ingest,default",
+                    "--hostname",
+                    f"ingest{i}@%h",
+                    "--concurrency",
+                    str(ns.ingest_concurrency),
+                    "--without-gossip",
+                    "--without-mingle",
+                ],
+                env,
+                tmp / f"ingest{i}.log",
+            )
+        )
+    for slug in slugs:
+        procs.append(
+            Proc(
+                f"region-{slug}",
+                "region workers",
+                [
+                    *celery,
+                    "worker",
+                    "--loglevel",
+                    "INFO",
+                    "--queues",
+                    f"probes.{slug}",
+                    "--hostname",
+                    f"{slug}@%h",
+                    "--concurrency",
+                    str(ns.region_concurrency),
+                    "--without-gossip",
+                    "--without-mingle",
+                ],
+                {
+                    **env,
+                    **dict.fromkeys(SERVER_ONLY_SECRETS, ""),
+                    "RW_WORKER_ONLY": "true",
+                    "RW_REGION": slug,
+                    "RW_REGION_KEYS": keys[slug],
+                    "RW_SPOOL_DIR": str(tmp / f"spool-{slug}"),
+                },
+                tmp / f"region-{slug}.log",
+            )
+        )
+    beat = Proc(
+        "beat",
+        "beat",
+        [*celery, "beat", "--loglevel", "INFO", "--schedule", str(tmp / "beat"), "--pidfile", ""],
+        env,
+        tmp / "beat.log",
+    )
+    procs.append(beat)
+    servers = _servers(env)
+    pages = Pages()
+    try:
+        for p in procs:
+            p.start()
+        print(f"started {len(procs)} processes (logs in {tmp}); warming up {ns.warmup} s", flush=True)
+        time.sleep(ns.warmup)
+        for p in procs:
+            if p.proc and p.proc.poll() is not None:
+                print(f"{p.name} exited ({p.proc.returncode}); see {p.log}")
+                return 1
+        pages.start()
+        comps: dict[str, list[Any]] = {}
+        for p in procs:
+            assert p.proc is not None
+            comps.setdefault(p.component, []).extend(_tree(p.proc.pid))
+        for name, pids in servers.items():
+            for pid in pids:
+                comps.setdefault(name, []).extend(_tree(pid))
+        comps["bench (pages)"] = [__import__("psutil").Process()]
+        cpu0 = {name: _cpu(ps) for name, ps in comps.items()}
+        start = datetime.now(UTC)
+        t0 = time.monotonic()
+        time.sleep(ns.measure)
+        wall = time.monotonic() - t0
+        end = datetime.now(UTC)
+        cpu = {name: (_cpu(ps) - cpu0[name]) / wall for name, ps in comps.items()}
+        rss = {name: _rss(ps) for name, ps in comps.items()}
+        pages.stop.set()
+        pages.join()
+        beat.stop()
+        # Close the window: every slot of it done or recorded missed (the sweep runs with
+        # the tick, which has stopped: run it here once its deadlines have passed).
+        from monitor.models import ProbeSlot
+        from monitor.pipeline import ingest
+
+        wait_until = time.monotonic() + 20 + ns.grace + 30
+        window = ProbeSlot.objects.filter(slot_at__gte=start, slot_at__lt=end)
+        while time.monotonic() < wait_until and window.filter(status="dispatched").exists():
+            time.sleep(2)
+        swept = 0
+        if window.filter(status="dispatched").exists():
+            while n := ingest.sweep_missed():
+                swept += n
+        counts = {s: window.filter(status=s).count() for s in ("done", "missed", "dispatched")}
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT extract(epoch FROM rw_bench_written_at - (started_at + "
+                "coalesce(e2e_ms, 0) * interval '1 millisecond')) FROM monitor_proberesult "
+                "WHERE started_at >= %s AND started_at < %s AND outcome <> 'missed'",
+                [start, end],
+            )
+            lags = [float(r[0]) for r in cursor.fetchall()]
+            cursor.execute(
+                "SELECT count(*) FROM monitor_proberesult WHERE rw_bench_written_at >= %s "
+                "AND rw_bench_written_at < %s",
+                [start, end],
+            )
+            written = cursor.fetchone()[0]
+            cursor.execute(
+                "SELECT outcome, error_kind, count(*) FROM monitor_proberesult "
+                "WHERE started_at >= %s AND started_at < %s GROUP BY 1, 2 ORDER BY 3 DESC",
+                [start, end],
+            )
+            outcomes = cursor.fetchall()
+        durations: dict[str, list[float]] = {}
+        for p in procs:
+            if p.component == "ingest workers":
+                for m in SUCCEEDED.finditer(p.log.read_text(errors="replace")):
+                    durations.setdefault(m.group(1), []).append(float(m.group(2)))
+    finally:
+        pages.stop.set()
+        for p in reversed(procs):
+            p.stop()
+
+    expected = combos * ns.measure / ns.interval
+    print(f"\nwindow {ns.measure} s ({start:%H:%M:%S}-{end:%H:%M:%S} UTC), ~{expected:,.0f} slots due")
+    missed_ok = counts["missed"] == 0 and counts["dispatched"] == 0
+    print(
+        f"  slots: {counts['done']:,} done, {counts['missed']:,} missed, {counts['dispatched']:,} "
+        f"still open{f' (swept {swept})' if swept else ''}  {'ok' if missed_ok else 'MISSES TARGET'} (0 missed)"
+    )
+    shown = ", ".join(f"{o}/{k or '-'} {n}" for o, k, n in outcomes)
+    print(f"  outcomes of the window's rows: {shown}")
+    lag_p99 = _p(lags, 0.99)
+    print(
+        f"  ingest lag: p50 {_p(lags, 0.5):.2f} s, p99 {lag_p99:.2f} s, max "
+        f"{max(lags) if lags else float('nan'):.2f} s over {len(lags):,} results  "
+        f"{'ok' if lag_p99 < 5 else 'MISSES TARGET'} (p99 < 5 s)"
+    )
+    for task_name in ("monitor.tasks.tick", "monitor.tasks.ingest_results", "monitor.tasks.refresh_overview"):
+        d = durations.get(task_name, [])
+        print(
+            f"  {task_name.split('.')[-1]:16} duration p50 {_p(d, 0.5) * 1000:7.0f} ms, "
+            f"p99 {_p(d, 0.99) * 1000:7.0f} ms ({len(d)} runs)"
+        )
+    print(f"  rows written: {written / wall:,.1f} /s (due: {combos / ns.interval:,.1f} /s)")
+    print(f"  {'component':18} {'CPU (cores)':>11} {'RSS (MiB)':>10}")
+    for name in cpu:
+        print(f"  {name:18} {cpu[name]:11.2f} {rss[name]:10.0f}")
+    print(f"  {'page':14} {'idle p95':>9} {'load p50':>9} {'load p95':>9} {'load/idle':>9}")
+    worst = 0.0
+    for name, _url in urls:
+        base = idle.times.get(name, [])
+        during = pages.times.get(name, [])
+        p95 = _p(during, 0.95)
+        worst = max(worst, p95)
+        print(
+            f"  {name:14} {_p(base, 0.95):7.1f}ms {_p(during, 0.5):7.1f}ms {p95:7.1f}ms "
+            f"{p95 / _p(base, 0.95):8.1f}x  ({len(during)} reads)"
+        )
+    print(f"  pages: worst p95 {worst:.1f} ms  {'ok' if worst < 100 else 'MISSES TARGET'} (< 100 ms); {pages.failed} failed reads")
+    with contextlib.suppress(Exception):
+        print(f"  machine load after: {os.getloadavg()}")
+    return 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--scale", type=int, default=1, help="multiplies the routes")
+    parser.add_argument("--tasks", type=int, default=20)
+    parser.add_argument("--routes", type=int, default=30)
+    parser.add_argument("--regions", type=int, default=6)
+    parser.add_argument("--interval", type=int, default=60, help="probe interval (s)")
+    parser.add_argument("--tick", type=int, default=10, help="TICK_SECONDS")
+    parser.add_argument("--grace", type=int, default=15, help="SLOT_GRACE_SECONDS")
+    parser.add_argument("--warmup", type=int, default=60)
+    parser.add_argument("--measure", type=int, default=120)
+    parser.add_argument("--ingest-workers", type=int, default=1)
+    parser.add_argument("--ingest-concurrency", type=int, default=2)
+    parser.add_argument("--region-concurrency", type=int, default=1)
+    sys.exit(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
