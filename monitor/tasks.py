@@ -31,6 +31,7 @@ from monitor.pipeline.messages import (
     RUN_PROBE_BATCH,
     RUN_RACE,
     Dispatch,
+    ResultPayload,
     race_result_to_json,
     results_to_json,
 )
@@ -124,11 +125,13 @@ def run_probe_batch(batch: dict[str, Any]) -> int:
         log.error("refused a probe batch: %s", exc)
         return 0
     flush_spool()
-    results = worker.run_batch(body)
-    if results:
+
+    def send(results: list[ResultPayload]) -> None:
         sealed = signing.seal_results(key_id, signing.KIND_RESULTS, results_to_json(results))
         publish_or_spool("results", sealed, len(results))
-    return len(results)
+
+    # Results leave in chunks as their probes end (worker.run_batch), not all at the end.
+    return len(worker.run_batch(body, emit=send))
 
 
 # Ingest tasks: a database error is retried with backoff (1 s, 2 s, 4 s, ... capped), and after

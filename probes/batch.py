@@ -9,16 +9,21 @@ of it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from probes.engine import probe
 from probes.model import ProbeResult, ProbeSpec
 
 
 async def run_batch(
-    specs: Sequence[ProbeSpec], *, window_s: float = 0.0, max_in_flight: int = 200
+    specs: Sequence[ProbeSpec],
+    *,
+    window_s: float = 0.0,
+    max_in_flight: int = 200,
+    on_result: Callable[[int, ProbeResult], None] | None = None,
 ) -> list[ProbeResult]:
-    """Run specs with start i at i * window_s / n; results in the specs' order."""
+    """Run specs with start i at i * window_s / n; results in the specs' order. `on_result`
+    (spec index, result) is called as each probe ends, on the loop: it must not block."""
     gate = asyncio.Semaphore(max(1, max_in_flight))
     loop = asyncio.get_running_loop()
     start = loop.time()
@@ -29,6 +34,9 @@ async def run_batch(
         if delay > 0:
             await asyncio.sleep(delay)
         async with gate:
-            return await probe(spec)
+            result = await probe(spec)
+        if on_result is not None:
+            on_result(i, result)
+        return result
 
     return list(await asyncio.gather(*(one(i, s) for i, s in enumerate(specs))))

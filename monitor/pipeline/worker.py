@@ -14,12 +14,14 @@ setting this engine lacks) becomes a `config` result, which is ours, not the pro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
+import queue
 import threading
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
@@ -296,11 +298,20 @@ def _bound_s(prepared: list[tuple[ProbeMessage, ProbeSpec]], window_s: float) ->
 
 
 async def _probe_all(
-    prepared: list[tuple[ProbeMessage, ProbeSpec]], window_s: float
+    prepared: list[tuple[ProbeMessage, ProbeSpec]],
+    window_s: float,
+    done: Callable[[ResultPayload], None] | None = None,
 ) -> list[ResultPayload]:
-    """Run the probes with starts spread over `window_s`; a payload each."""
+    """Run the probes with starts spread over `window_s`; a payload each (also handed to
+    `done` as each probe ends)."""
+
+    def ended(i: int, result: EngineResult) -> None:
+        if done is not None:
+            ago = time.perf_counter() - result.t0_perf if result.t0_perf is not None else 0.0
+            done(payload(prepared[i][0], result, datetime.now(UTC) - timedelta(seconds=ago)))
+
     results = await probes.run_batch(
-        [spec for _, spec in prepared], window_s=window_s, max_in_flight=200
+        [spec for _, spec in prepared], window_s=window_s, max_in_flight=200, on_result=ended
     )
     perf_now, wall_now = time.perf_counter(), datetime.now(UTC)
     out = []
@@ -314,10 +325,54 @@ def _reject_probe(exc: ContractError) -> None:
     log.error("rejected a probe message (left out of its batch): %s", exc)
 
 
-def run_batch(data: object) -> list[ResultPayload]:
+def run_streaming(
+    coro: Coroutine[Any, Any, T],
+    timeout_s: float,
+    ended: queue.Queue[ResultPayload],
+    emit: Callable[[list[ResultPayload]], None],
+    every_s: float,
+) -> T:
+    """`run_on_loop`, handing the payloads the coroutine puts in `ended` to `emit` every
+    `every_s` seconds (in this thread: the loop never waits for the broker), the rest at the
+    end. Whatever ends the wait early cancels the coroutine, as run_on_loop does."""
+    future = asyncio.run_coroutine_threadsafe(coro, _background_loop())
+    deadline = time.monotonic() + timeout_s
+    chunk: list[ResultPayload] = []
+    flush_at = time.monotonic() + every_s
+    try:
+        while not future.done():
+            now = time.monotonic()
+            if now >= deadline:
+                raise TimeoutError(f"batch still running after {timeout_s:.0f} s")
+            with contextlib.suppress(queue.Empty):
+                chunk.append(ended.get(timeout=max(0.01, min(flush_at, deadline) - now)))
+            if time.monotonic() >= flush_at:
+                if chunk:
+                    emit(chunk)
+                    chunk = []
+                flush_at = time.monotonic() + every_s
+        result = future.result()
+    except BaseException:
+        future.cancel()
+        raise
+    while True:
+        try:
+            chunk.append(ended.get_nowait())
+        except queue.Empty:
+            break
+    if chunk:
+        emit(chunk)
+    return result
+
+
+def run_batch(
+    data: object, emit: Callable[[list[ResultPayload]], None] | None = None
+) -> list[ResultPayload]:
     """Run one region batch (a ProbeBatch as JSON); returns one result payload per probe.
     A batch that does not match the contract is logged and dropped: its slots are recorded
-    missed at their deadlines."""
+    missed at their deadlines. With `emit`, results are also handed to it as they end, in
+    chunks every RESULT_FLUSH_SECONDS (ingest lag is then a second or so, not the batch's
+    whole spread of starts: one tick)."""
     try:
         batch = probe_batch_from_json(data, on_bad_probe=_reject_probe)
     except ContractError as exc:
@@ -334,7 +389,24 @@ def run_batch(data: object) -> list[ResultPayload]:
     if prepared:
         # Spread the batch's starts over one scheduler tick (no burst of simultaneous sends).
         window_s = float(min(settings.TICK_SECONDS, limits.BATCH_SPREAD_MAX_S))
-        payloads.extend(run_on_loop(_probe_all(prepared, window_s), _bound_s(prepared, window_s)))
+        bound = _bound_s(prepared, window_s)
+        if emit is None or settings.RESULT_FLUSH_SECONDS <= 0:
+            payloads.extend(run_on_loop(_probe_all(prepared, window_s), bound))
+        else:
+            if payloads:
+                emit(list(payloads))
+            ended: queue.Queue[ResultPayload] = queue.Queue()
+            payloads.extend(
+                run_streaming(
+                    _probe_all(prepared, window_s, ended.put),
+                    bound,
+                    ended,
+                    emit,
+                    settings.RESULT_FLUSH_SECONDS,
+                )
+            )
+    elif emit is not None and payloads:
+        emit(list(payloads))
     return payloads
 
 

@@ -3,17 +3,22 @@ whole expired days, and ingest still writes exactly one result per slot."""
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection, connections
 from django.db.migrations.executor import MigrationExecutor
+from django.utils import timezone
 
 from monitor import partitions
 from monitor.models import ProbeResult, ProbeSlot
-from monitor.pipeline import ingest
+from monitor.pipeline import ingest, messages, slots, worker
+from simulator.testing import SimulatorProcess
 from tests.monitor import factories as f
+from tests.sim_fixtures import OPENAI_KEY, sim  # noqa: F401 (fixture)
 
 BEFORE = [("monitor", "0016_reliability")]
 AFTER = [("monitor", "0017_partitioned_results")]
@@ -221,3 +226,39 @@ def test_concurrent_ingest_workers_and_the_sweep_write_one_row_per_slot() -> Non
         th.join()
     counts = ProbeResult.objects.values_list("slot_at").distinct().count()
     assert counts == ProbeResult.objects.count() == len(slots)
+
+
+@pytest.mark.django_db
+def test_a_region_worker_sends_results_as_probes_end_not_at_the_batch_end(
+    sim: SimulatorProcess,  # noqa: F811
+    settings,  # type: ignore[no-untyped-def]
+) -> None:
+    settings.TICK_SECONDS = 6  # the batch's starts spread over 6 s
+    settings.RESULT_FLUSH_SECONDS = 1
+    p = f.provider("fastchip", base_url=f"{sim.base_url}/fastchip/v1")
+    p.set_api_key(OPENAI_KEY)
+    p.save()
+    routes = [f.route(p, m) for m in ("fast-small", "mid-think", "slow-large")]
+    regions = [f.region(f"r{i}") for i in range(2)]
+    t = f.task("stream", routes, regions, max_tokens=20, probe_timeout_s=20)
+    at = timezone.now().replace(microsecond=0)
+    batch = {
+        "region": "r0",
+        "probes": [
+            slots.probe_message(slots.Slot(t, r, g, at), []) for r in routes for g in regions
+        ],
+    }
+    sent: list[tuple[float, int]] = []
+    t0 = time.monotonic()
+    payloads = worker.run_batch(
+        json.loads(json.dumps(batch)), emit=lambda chunk: sent.append((time.monotonic() - t0, len(chunk)))
+    )
+    assert len(payloads) == 6 and all(p["outcome"] == "ok" for p in payloads), payloads
+    assert sum(n for _, n in sent) == 6
+    # Several chunks; the first left while later probes had not even started (6 s spread).
+    assert len(sent) >= 3, sent
+    assert sent[0][0] < 3.0, sent
+    # And each chunk is ingested as it comes: one row per slot in the end.
+    for chunk in ([payloads[:2], payloads[2:]]):
+        ingest.ingest(json.loads(json.dumps(messages.results_to_json(chunk))))
+    assert ProbeResult.objects.count() == 6
