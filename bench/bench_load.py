@@ -37,9 +37,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlsplit, urlunsplit
@@ -113,9 +112,7 @@ def _recreate(admin_url: str) -> str:
     return urlunsplit(parts._replace(path=f"/{BENCH_DB}"))
 
 
-def build_world(
-    sim_url: str, tasks: int, routes: int, regions: int, interval_s: int
-) -> list[str]:
+def build_world(sim_url: str, tasks: int, routes: int, regions: int, interval_s: int) -> list[str]:
     """Regions, simulated routes and tasks (every task probes every route from every region);
     returns the region slugs."""
     from django.db import connection
@@ -187,7 +184,8 @@ class Pages(threading.Thread):
 
         task = Task.objects.order_by("pk").first()
         route = Route.objects.order_by("pk").first()
-        assert task is not None and route is not None
+        assert task is not None
+        assert route is not None
         return [
             ("overview", "/"),
             ("task, 24 h", f"/tasks/{task.slug}/"),
@@ -289,7 +287,9 @@ def run(ns: argparse.Namespace) -> int:
         "PYTHONUNBUFFERED": "1",
     }
     os.environ.update(env)
-    subprocess.run([PY, str(ROOT / "manage.py"), "migrate", "--noinput", "-v0"], env=env, check=True)
+    subprocess.run(
+        [PY, str(ROOT / "manage.py"), "migrate", "--noinput", "-v0"], env=env, check=True
+    )
     # Pages link their static files through the manifest, as in production.
     subprocess.run(
         [PY, str(ROOT / "manage.py"), "collectstatic", "--noinput", "-v0"], env=env, check=True
@@ -414,7 +414,9 @@ def run(ns: argparse.Namespace) -> int:
     try:
         for p in procs:
             p.start()
-        print(f"started {len(procs)} processes (logs in {tmp}); warming up {ns.warmup} s", flush=True)
+        print(
+            f"started {len(procs)} processes (logs in {tmp}); warming up {ns.warmup} s", flush=True
+        )
         time.sleep(ns.warmup)
         for p in procs:
             if p.proc and p.proc.poll() is not None:
@@ -485,7 +487,9 @@ def run(ns: argparse.Namespace) -> int:
             p.stop()
 
     expected = combos * ns.measure / ns.interval
-    print(f"\nwindow {ns.measure} s ({start:%H:%M:%S}-{end:%H:%M:%S} UTC), ~{expected:,.0f} slots due")
+    print(
+        f"\nwindow {ns.measure} s ({start:%H:%M:%S}-{end:%H:%M:%S} UTC), ~{expected:,.0f} slots due"
+    )
     missed_ok = counts["missed"] == 0 and counts["dispatched"] == 0
     print(
         f"  slots: {counts['done']:,} done, {counts['missed']:,} missed, {counts['dispatched']:,} "
@@ -499,7 +503,11 @@ def run(ns: argparse.Namespace) -> int:
         f"{max(lags) if lags else float('nan'):.2f} s over {len(lags):,} results  "
         f"{'ok' if lag_p99 < 5 else 'MISSES TARGET'} (p99 < 5 s)"
     )
-    for task_name in ("monitor.tasks.tick", "monitor.tasks.ingest_results", "monitor.tasks.refresh_overview"):
+    for task_name in (
+        "monitor.tasks.tick",
+        "monitor.tasks.ingest_results",
+        "monitor.tasks.refresh_overview",
+    ):
         d = durations.get(task_name, [])
         print(
             f"  {task_name.split('.')[-1]:16} duration p50 {_p(d, 0.5) * 1000:7.0f} ms, "
@@ -520,7 +528,9 @@ def run(ns: argparse.Namespace) -> int:
             f"  {name:14} {_p(base, 0.95):7.1f}ms {_p(during, 0.5):7.1f}ms {p95:7.1f}ms "
             f"{p95 / _p(base, 0.95):8.1f}x  ({len(during)} reads)"
         )
-    print(f"  pages: worst p95 {worst:.1f} ms  {'ok' if worst < 100 else 'MISSES TARGET'} (< 100 ms); {pages.failed} failed reads")
+    print(
+        f"  pages: worst p95 {worst:.1f} ms  {'ok' if worst < 100 else 'MISSES TARGET'} (< 100 ms); {pages.failed} failed reads"
+    )
     with contextlib.suppress(Exception):
         print(f"  machine load after: {os.getloadavg()}")
     return 0

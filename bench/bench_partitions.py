@@ -138,10 +138,16 @@ def migrate_populated(admin_url: str, days: int) -> None:
         cursor.execute("SELECT relkind FROM pg_class WHERE relname = 'monitor_proberesult'")
         kind = cursor.fetchone()[0]
     connection.close()
-    print(f"\nmigration 0017 on {before[0]:,} rows ({size}, {days} days), writes and reads going on")
-    print(f"  migration wall time                {took:8.1f} s   (checksum scan alone {checksum_s:.1f} s)")
-    print(f"  rows and checksum kept             {'yes' if after == before else 'NO'}"
-          f"   partitioned: {'yes' if kind == 'p' else 'NO'}")
+    print(
+        f"\nmigration 0017 on {before[0]:,} rows ({size}, {days} days), writes and reads going on"
+    )
+    print(
+        f"  migration wall time                {took:8.1f} s   (checksum scan alone {checksum_s:.1f} s)"
+    )
+    print(
+        f"  rows and checksum kept             {'yes' if after == before else 'NO'}"
+        f"   partitioned: {'yes' if kind == 'p' else 'NO'}"
+    )
     for name, load in (("writes", writer), ("reads", reader)):
         ms = [x * 1000 for x in load.latencies]
         print(
@@ -193,12 +199,16 @@ def retention_cost(admin_url: str, days: int) -> None:
     assert done.dropped == [partitions.partition_name(d1)], done
     print(f"\nretention at {days} days of data ({total:,} rows, {rows_d1:,} rows a day)")
     print(f"  DELETE of a day (former way)       {delete_s * 1000:9.1f} ms  ({rows_d2:,} rows)")
-    print(f"  drop of a day's partition          {drop_s * 1000:9.1f} ms  ({rows_d1:,} rows)"
-          f"  {'ok' if drop_s < 1 else 'MISSES TARGET'} (< 1 s)")
+    print(
+        f"  drop of a day's partition          {drop_s * 1000:9.1f} ms  ({rows_d1:,} rows)"
+        f"  {'ok' if drop_s < 1 else 'MISSES TARGET'} (< 1 s)"
+    )
     print(f"  DELETE / drop                      {delete_s / drop_s:9.0f}x")
-    print(f"  former DELETE per row              {delete_s / max(rows_d2, 1) * 1e6:9.1f} us "
-          f"-> {delete_s / max(rows_d2, 1) * 5_184_000 / 60:.0f} min for a day at 3,600 "
-          "combinations a minute (5.2M rows)")
+    print(
+        f"  former DELETE per row              {delete_s / max(rows_d2, 1) * 1e6:9.1f} us "
+        f"-> {delete_s / max(rows_d2, 1) * 5_184_000 / 60:.0f} min for a day at 3,600 "
+        "combinations a minute (5.2M rows)"
+    )
 
 
 def main() -> None:

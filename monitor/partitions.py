@@ -143,7 +143,9 @@ def drop_expired(cutoff: datetime, batch: int = 20_000) -> Retention:
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
             # Belt and braces: the bound already says so, the rows must agree.
-            cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {p.name} WHERE started_at >= %s)", [cutoff])
+            cursor.execute(
+                f"SELECT EXISTS (SELECT 1 FROM {p.name} WHERE started_at >= %s)", [cutoff]
+            )
             ((newer,),) = cursor.fetchall()
             if newer:
                 log.error("kept partition %s: it holds rows newer than the cutoff", p.name)

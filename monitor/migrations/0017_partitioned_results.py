@@ -77,8 +77,7 @@ def _daily(cursor: Any, start: datetime, days: int) -> None:
         lo = start + timedelta(days=n)
         name = f"{TABLE}_p{lo:%Y%m%d}"
         cursor.execute(
-            f"CREATE TABLE IF NOT EXISTS {name} PARTITION OF {TABLE} "
-            "FOR VALUES FROM (%s) TO (%s)",
+            f"CREATE TABLE IF NOT EXISTS {name} PARTITION OF {TABLE} FOR VALUES FROM (%s) TO (%s)",
             [lo, lo + timedelta(days=1)],
         )
 
@@ -147,7 +146,9 @@ def _swap(cursor: Any, bound: datetime | None) -> None:
     if bound is not None:
         cursor.execute(f"ALTER TABLE {LEGACY} ALTER COLUMN id SET DEFAULT nextval('{SEQUENCE}')")
     cursor.execute(f"ALTER TABLE {TABLE} RENAME CONSTRAINT rw_new_pkey TO {TABLE}_pkey")
-    cursor.execute(f"ALTER TABLE {TABLE} RENAME CONSTRAINT rw_new_one_per_slot TO result_one_per_slot")
+    cursor.execute(
+        f"ALTER TABLE {TABLE} RENAME CONSTRAINT rw_new_one_per_slot TO result_one_per_slot"
+    )
     for name, _definition, contype in old_indexes:
         if contype is None and not name.startswith("rw_legacy_"):
             cursor.execute(f"ALTER INDEX rw_new_{name} RENAME TO {name}")
@@ -176,9 +177,7 @@ def forward(apps: Any, schema_editor: Any) -> None:
                 ("rw_legacy_id_started", "id, started_at"),
             ):
                 cursor.execute(f"DROP INDEX IF EXISTS {name}")  # a failed CONCURRENTLY's leftover
-                cursor.execute(
-                    f"CREATE UNIQUE INDEX CONCURRENTLY {name} ON {TABLE} ({columns})"
-                )
+                cursor.execute(f"CREATE UNIQUE INDEX CONCURRENTLY {name} ON {TABLE} ({columns})")
             cursor.execute(f"ALTER TABLE {TABLE} DROP CONSTRAINT IF EXISTS rw_legacy_range")
             cursor.execute(
                 f"ALTER TABLE {TABLE} ADD CONSTRAINT rw_legacy_range "
@@ -219,8 +218,7 @@ def backward(apps: Any, schema_editor: Any) -> None:
             schema_editor.quote_name(f.column) for f in old_model._meta.concrete_fields
         )
         cursor.execute(
-            f"INSERT INTO {TABLE} ({columns}) OVERRIDING SYSTEM VALUE "
-            f"SELECT {columns} FROM rw_back"
+            f"INSERT INTO {TABLE} ({columns}) OVERRIDING SYSTEM VALUE SELECT {columns} FROM rw_back"
         )
         cursor.execute(
             f"SELECT setval(pg_get_serial_sequence('{TABLE}', 'id'), "

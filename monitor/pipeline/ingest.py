@@ -45,6 +45,7 @@ from django.db import (
 )
 from django.utils import timezone
 
+from monitor import partitions
 from monitor.models import (
     BODY_JSON,
     OUTCOME_MISSED,
@@ -60,7 +61,6 @@ from monitor.models import (
     Route,
     Task,
 )
-from monitor import partitions
 from monitor.pipeline import signing
 from monitor.pipeline.messages import (
     ContractError,
@@ -354,7 +354,9 @@ def insert_rows(rows: Sequence[tuple[Any, ...]]) -> list[ResultRow]:
                 if replaced:
                     rollups.retract(replaced)
             cursor.execute(
-                _INSERT_NEW.format(table=ProbeResult._meta.db_table, columns=columns, rolled=rolled),
+                _INSERT_NEW.format(
+                    table=ProbeResult._meta.db_table, columns=columns, rolled=rolled
+                ),
                 window,
             )
             inserted.extend(ResultRow(*r) for r in cursor.fetchall())

@@ -22,9 +22,7 @@ from tests.sim_fixtures import OPENAI_KEY, sim  # noqa: F401 (fixture)
 
 BEFORE = [("monitor", "0016_reliability")]
 AFTER = [("monitor", "0017_partitioned_results")]
-CHECKSUM = (
-    "SELECT count(*), md5(string_agg(r::text, '|' ORDER BY r.id)) FROM monitor_proberesult r"
-)
+CHECKSUM = "SELECT count(*), md5(string_agg(r::text, '|' ORDER BY r.id)) FROM monitor_proberesult r"
 
 
 def _migrate(target: list[tuple[str, str]]) -> None:
@@ -80,14 +78,18 @@ def test_the_migration_keeps_every_row_of_a_populated_table() -> None:
         found = {p.name: p for p in partitions.partitions()}
         assert found["monitor_proberesult_legacy"].low is None
         bound = found["monitor_proberesult_legacy"].high
-        assert bound is not None and bound > now
+        assert bound is not None
+        assert bound > now
         assert partitions.partition_name(bound) in found
         assert "monitor_proberesult_default" in found
         top = ProbeResult.objects.order_by("-id").values_list("id", flat=True).first()
         later = ProbeResult.objects.create(route=routes[0], region=regions[0], started_at=bound)
-        assert top is not None and later.pk > top
+        assert top is not None
+        assert later.pk > top
         with connection.cursor() as cursor:
-            cursor.execute("SELECT tableoid::regclass::text FROM monitor_proberesult WHERE id = %s", [later.pk])
+            cursor.execute(
+                "SELECT tableoid::regclass::text FROM monitor_proberesult WHERE id = %s", [later.pk]
+            )
             assert cursor.fetchone()[0] == partitions.partition_name(bound)
         # The slot key survives in the legacy rows: a redelivered old result is not stored twice.
         old = ProbeResult.objects.filter(slot_at__isnull=False).order_by("id").first()
@@ -251,14 +253,15 @@ def test_a_region_worker_sends_results_as_probes_end_not_at_the_batch_end(
     sent: list[tuple[float, int]] = []
     t0 = time.monotonic()
     payloads = worker.run_batch(
-        json.loads(json.dumps(batch)), emit=lambda chunk: sent.append((time.monotonic() - t0, len(chunk)))
+        json.loads(json.dumps(batch)),
+        emit=lambda chunk: sent.append((time.monotonic() - t0, len(chunk))),
     )
-    assert len(payloads) == 6 and all(p["outcome"] == "ok" for p in payloads), payloads
+    assert [p["outcome"] for p in payloads] == ["ok"] * 6, payloads
     assert sum(n for _, n in sent) == 6
     # Several chunks; the first left while later probes had not even started (6 s spread).
     assert len(sent) >= 3, sent
     assert sent[0][0] < 3.0, sent
     # And each chunk is ingested as it comes: one row per slot in the end.
-    for chunk in ([payloads[:2], payloads[2:]]):
+    for chunk in [payloads[:2], payloads[2:]]:
         ingest.ingest(json.loads(json.dumps(messages.results_to_json(chunk))))
     assert ProbeResult.objects.count() == 6
