@@ -233,13 +233,20 @@ def _tree(pid: int) -> list[Any]:
         return []
 
 
-def _cpu(procs: list[Any]) -> float:
-    total = 0.0
+def _cpu(procs: list[Any]) -> dict[int, float]:
+    """CPU seconds so far of each process (children that exited are counted in their parent's
+    children_* times: PostgreSQL backends, celery's pool processes)."""
+    seen = {}
     for p in procs:
         with contextlib.suppress(Exception):
             t = p.cpu_times()
-            total += t.user + t.system
-    return total
+            seen[p.pid] = t.user + t.system + t.children_user + t.children_system
+    return seen
+
+
+def _used(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds between two `_cpu` readings: processes started meanwhile count from 0."""
+    return sum(max(0.0, cpu - before.get(pid, 0.0)) for pid, cpu in after.items())
 
 
 def _rss(procs: list[Any]) -> float:
@@ -283,6 +290,7 @@ def run(ns: argparse.Namespace) -> int:
         "PROVIDER_ALLOW_PRIVATE_NETWORKS": "true",
         "TICK_SECONDS": str(tick_s),
         "SLOT_GRACE_SECONDS": str(ns.grace),
+        "RW_RESULT_FLUSH_SECONDS": str(ns.flush),
         "RW_SPOOL_DIR": str(tmp / "spool"),
         "PYTHONUNBUFFERED": "1",
     }
@@ -320,7 +328,9 @@ def run(ns: argparse.Namespace) -> int:
         f"load: {ns.tasks} tasks x {routes} routes x {ns.regions} regions = {combos:,} "
         f"combinations, a probe every {ns.interval} s = {combos / ns.interval:.0f} probes/s; "
         f"tick every {tick_s} s; {ns.ingest_workers} ingest worker(s) x concurrency "
-        f"{ns.ingest_concurrency}, region workers at concurrency {ns.region_concurrency}",
+        f"{ns.ingest_concurrency}, region workers at concurrency {ns.region_concurrency}, "
+        f"results flushed every {ns.flush} s, "
+        f"{'a scheduler worker of its own' if ns.scheduler_worker else 'ticks on the ingest workers'}",
         flush=True,
     )
     with contextlib.suppress(Exception):
@@ -348,6 +358,32 @@ def run(ns: argparse.Namespace) -> int:
             tmp / "simulator.log",
         )
     ]
+    if ns.scheduler_worker:
+        # The tick, the sweep and the overview rebuild in a process of their own, never
+        # queued behind ingest messages.
+        procs.append(
+            Proc(
+                "scheduler",
+                "scheduler worker",
+                [
+                    *celery,
+                    "worker",
+                    "--loglevel",
+                    "INFO",
+                    "--queues",
+                    "default",
+                    "--hostname",
+                    "scheduler@%h",
+                    "--concurrency",
+                    "1",
+                    "--without-gossip",
+                    "--without-mingle",
+                ],
+                env,
+                tmp / "scheduler.log",
+            )
+        )
+    ingest_queues = "ingest" if ns.scheduler_worker else "ingest,default"
     for i in range(ns.ingest_workers):
         procs.append(
             Proc(
@@ -359,7 +395,7 @@ def run(ns: argparse.Namespace) -> int:
                     "--loglevel",
                     "INFO",
                     "--queues",
-                    "ingest,default",
+                    ingest_queues,
                     "--hostname",
                     f"ingest{i}@%h",
                     "--concurrency",
@@ -423,21 +459,25 @@ def run(ns: argparse.Namespace) -> int:
                 print(f"{p.name} exited ({p.proc.returncode}); see {p.log}")
                 return 1
         pages.start()
-        comps: dict[str, list[Any]] = {}
+        roots: dict[str, list[int]] = {}
         for p in procs:
             assert p.proc is not None
-            comps.setdefault(p.component, []).extend(_tree(p.proc.pid))
+            roots.setdefault(p.component, []).append(p.proc.pid)
         for name, pids in servers.items():
-            for pid in pids:
-                comps.setdefault(name, []).extend(_tree(pid))
-        comps["bench (pages)"] = [__import__("psutil").Process()]
-        cpu0 = {name: _cpu(ps) for name, ps in comps.items()}
+            roots.setdefault(name, []).extend(pids)
+
+        def trees() -> dict[str, list[Any]]:
+            found = {n: [x for pid in pids for x in _tree(pid)] for n, pids in roots.items()}
+            return found | {"bench (pages)": _tree(os.getpid())[:1]}
+
+        cpu0 = {name: _cpu(ps) for name, ps in trees().items()}
         start = datetime.now(UTC)
         t0 = time.monotonic()
         time.sleep(ns.measure)
         wall = time.monotonic() - t0
         end = datetime.now(UTC)
-        cpu = {name: (_cpu(ps) - cpu0[name]) / wall for name, ps in comps.items()}
+        comps = trees()
+        cpu = {name: _used(cpu0[name], _cpu(ps)) / wall for name, ps in comps.items()}
         rss = {name: _rss(ps) for name, ps in comps.items()}
         pages.stop.set()
         pages.join()
@@ -478,7 +518,7 @@ def run(ns: argparse.Namespace) -> int:
             outcomes = cursor.fetchall()
         durations: dict[str, list[float]] = {}
         for p in procs:
-            if p.component == "ingest workers":
+            if p.component in ("ingest workers", "scheduler worker"):
                 for m in SUCCEEDED.finditer(p.log.read_text(errors="replace")):
                     durations.setdefault(m.group(1), []).append(float(m.group(2)))
     finally:
@@ -550,6 +590,13 @@ def main() -> None:
     parser.add_argument("--ingest-workers", type=int, default=1)
     parser.add_argument("--ingest-concurrency", type=int, default=2)
     parser.add_argument("--region-concurrency", type=int, default=1)
+    parser.add_argument(
+        "--scheduler-worker",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="tick, sweep and overview in a worker of their own (queue default)",
+    )
+    parser.add_argument("--flush", type=int, default=2, help="RW_RESULT_FLUSH_SECONDS")
     sys.exit(run(parser.parse_args()))
 
 

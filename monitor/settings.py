@@ -100,7 +100,7 @@ try:
     SPOOL_RETRY_SECONDS = envint("RW_SPOOL_RETRY_SECONDS", 15, minimum=1, maximum=3600)
     # A region worker sends its batch's results in chunks this often as probes end (0: all at
     # the batch's end, up to one tick later). Smaller: less ingest lag, more ingest messages.
-    RESULT_FLUSH_SECONDS = envint("RW_RESULT_FLUSH_SECONDS", 1, minimum=0, maximum=60)
+    RESULT_FLUSH_SECONDS = envint("RW_RESULT_FLUSH_SECONDS", 2, minimum=0, maximum=60)
     EMAIL_BACKEND = envstr("EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
     EMAIL_HOST = envstr("EMAIL_HOST", "localhost")
     EMAIL_PORT = envint("EMAIL_PORT", 25, minimum=1, maximum=65535)
