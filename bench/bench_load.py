@@ -587,9 +587,9 @@ def main() -> None:
     parser.add_argument("--grace", type=int, default=15, help="SLOT_GRACE_SECONDS")
     parser.add_argument("--warmup", type=int, default=60)
     parser.add_argument("--measure", type=int, default=120)
-    parser.add_argument("--ingest-workers", type=int, default=1)
+    parser.add_argument("--ingest-workers", type=int, default=2)
     parser.add_argument("--ingest-concurrency", type=int, default=2)
-    parser.add_argument("--region-concurrency", type=int, default=1)
+    parser.add_argument("--region-concurrency", type=int, default=2)
     parser.add_argument(
         "--scheduler-worker",
         action=argparse.BooleanOptionalAction,
