@@ -1002,8 +1002,11 @@ class ProbeResult(models.Model):
             models.Index(fields=["route", "started_at"], name="result_route_started"),
         ]
         constraints = [
+            # The table is partitioned by day on started_at (migration 0017, monitor.partitions),
+            # so its unique keys hold started_at; one result per slot is kept by ingest.
             models.UniqueConstraint(
-                fields=["task", "route", "region", "slot_at"], name="result_one_per_slot"
+                fields=["task", "route", "region", "slot_at", "started_at"],
+                name="result_one_per_slot",
             )
         ]
 

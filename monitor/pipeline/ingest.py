@@ -433,18 +433,15 @@ def _set_slot_status(results: Sequence[ResultRow], status: str, *, only_open: bo
     keys = [(r.task_id, r.route_id, r.region_id, r.slot_at) for r in results if r.slot_at]
     if not keys:
         return
-    row = "(%s::bigint, %s::bigint, %s::bigint, %s::timestamptz)"
     sql = (
-        "UPDATE monitor_probeslot AS s SET status = %s FROM (VALUES "
-        + ", ".join([row] * len(keys))
-        + ") AS k(task_id, route_id, region_id, slot_at) "
+        "UPDATE monitor_probeslot AS s SET status = %s FROM unnest("
+        "%s::bigint[], %s::bigint[], %s::bigint[], %s::timestamptz[]"
+        ") AS k(task_id, route_id, region_id, slot_at) "
         "WHERE s.task_id = k.task_id AND s.route_id = k.route_id "
         "AND s.region_id = k.region_id AND s.slot_at = k.slot_at"
         + (" AND s.status = %s" if only_open else "")
     )
-    params: list[Any] = [status]
-    for key in keys:
-        params.extend(key)
+    params: list[Any] = [status, *(list(column) for column in zip(*keys, strict=True))]
     if only_open:
         params.append(SLOT_DISPATCHED)
     with connection.cursor() as cursor:

@@ -121,16 +121,22 @@ def claim(slots: list[Slot]) -> list[Slot]:
     """Create the slots; return only those this call created (another beat may have)."""
     if not slots:
         return []
-    row = "(%s, %s, %s, %s, %s, 'dispatched', now())"
+    # Five arrays, not five parameters a slot: a tick of thousands of slots stays one short
+    # statement to parse (client and server).
     sql = (
         "INSERT INTO monitor_probeslot (task_id, route_id, region_id, slot_at, deadline_at, "
-        "status, created_at) VALUES "
-        + ", ".join([row] * len(slots))
-        + " ON CONFLICT DO NOTHING RETURNING task_id, route_id, region_id, slot_at"
+        "status, created_at) SELECT t, r, g, a, d, 'dispatched', now() FROM unnest("
+        "%s::bigint[], %s::bigint[], %s::bigint[], %s::timestamptz[], %s::timestamptz[]) "
+        "AS k(t, r, g, a, d) "
+        "ON CONFLICT DO NOTHING RETURNING task_id, route_id, region_id, slot_at"
     )
-    params: list[Any] = []
-    for s in slots:
-        params.extend([s.task.pk, s.route.pk, s.region.pk, s.slot_at, s.deadline_at])
+    params: list[Any] = [
+        [s.task.pk for s in slots],
+        [s.route.pk for s in slots],
+        [s.region.pk for s in slots],
+        [s.slot_at for s in slots],
+        [s.deadline_at for s in slots],
+    ]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         created = {tuple(r) for r in cursor.fetchall()}
