@@ -293,6 +293,7 @@ CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_TASK_ROUTES = {
     "monitor.tasks.ingest_results": {"queue": "ingest"},
     "monitor.tasks.ingest_race": {"queue": "ingest"},
+    "monitor.tasks.ingest_scenario": {"queue": "ingest"},
 }
 CELERY_BEAT_SCHEDULE = {
     "tick": {"task": "monitor.tasks.tick", "schedule": float(TICK_SECONDS)},

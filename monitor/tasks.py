@@ -20,14 +20,16 @@ from django.utils import timezone
 from monitor.digest import sending
 from monitor.models import Heartbeat
 from monitor.pages import overview
-from monitor.pipeline import ingest, races, scheduling, signing, worker
+from monitor.pipeline import ingest, races, scenarios, scheduling, signing, worker
 from monitor.pipeline.messages import (
     INGEST_QUEUE,
     RUN_PROBE_BATCH,
     RUN_RACE,
+    RUN_SCENARIO,
     Dispatch,
     race_result_to_json,
     results_to_json,
+    scenario_payload_to_json,
 )
 
 log = logging.getLogger(__name__)
@@ -131,6 +133,36 @@ def ingest_race(result: dict[str, Any]) -> bool:
     return races.ingest(body, received_at=timezone.now())
 
 
+@shared_task(name=RUN_SCENARIO, **REGION_TASK_OPTIONS)  # "monitor.tasks.run_scenario"
+def run_scenario(message: dict[str, Any]) -> str | None:
+    """On a region worker: run one scenario, send its result to ingest over the broker."""
+    try:
+        key_id, body = signing.open_dispatch(message, signing.KIND_SCENARIO)
+    except signing.Refused as exc:
+        log.error("refused a scenario message: %s", exc)
+        return None
+    result = scenarios.run(body)
+    if result is None:
+        return None
+    sealed = signing.seal_results(
+        key_id, signing.KIND_SCENARIO_RESULT, scenario_payload_to_json(result)
+    )
+    ingest_scenario.apply_async(args=(sealed,), queue=INGEST_QUEUE)
+    return result["outcome"]
+
+
+@shared_task(name="monitor.tasks.ingest_scenario", acks_late=True, reject_on_worker_lost=True)
+def ingest_scenario(result: dict[str, Any]) -> bool:
+    """A scenario result signed by a region worker: stored only for that region's open slot."""
+    try:
+        region_id, body = signing.open_results(result, signing.KIND_SCENARIO_RESULT)
+    except signing.Refused as exc:
+        log.warning("refused a scenario result: %s", exc)
+        ingest.count_rejected(1)
+        return False
+    return scenarios.ingest_scenario(body, from_region=region_id) is not None
+
+
 @shared_task(
     name="monitor.tasks.send_digests",
     # One run sends every due digest; each is claimed under a lease (monitor.digest.sending), so
@@ -147,6 +179,7 @@ def send_digests() -> dict[str, int]:
 _DISPATCHABLE: dict[str, tuple[Task[Any, Any], str]] = {
     RUN_PROBE_BATCH: (run_probe_batch, signing.KIND_BATCH),
     RUN_RACE: (run_race, signing.KIND_RACE),
+    RUN_SCENARIO: (run_scenario, signing.KIND_SCENARIO),
 }
 
 

@@ -33,7 +33,7 @@ from monitor.models import (
     Route,
     Task,
 )
-from monitor.pipeline import races
+from monitor.pipeline import races, scenarios
 from monitor.pipeline.messages import (
     RUN_PROBE_BATCH,
     Dispatch,
@@ -80,7 +80,9 @@ def spend_capped(task: Task, route: Route, spent: Decimal) -> bool:
 
 
 def due_slots(now: datetime) -> list[Slot]:
-    tasks = Task.objects.filter(is_active=True).prefetch_related("routes__provider", "regions")
+    tasks = Task.objects.filter(is_active=True).prefetch_related(
+        "routes__provider", "regions", "steps"
+    )
     latest = {
         (r["task_id"], r["route_id"], r["region_id"]): r["last"]
         for r in ProbeSlot.objects.values("task_id", "route_id", "region_id").annotate(
@@ -144,8 +146,12 @@ def plan(now: datetime | None = None) -> list[Dispatch]:
         claimed = claim(due_slots(now))
     cases = active_eval_cases()
     by_region: dict[Region, list[Slot]] = defaultdict(list)
+    scenario_slots = []
     for slot in claimed:
-        by_region[slot.region].append(slot)
+        if slot.task.is_scenario:  # a whole application run each (monitor.pipeline.scenarios)
+            scenario_slots.append(slot)
+        else:
+            by_region[slot.region].append(slot)
     dispatches = []
     for region, slots in by_region.items():
         batch: ProbeBatch = {
@@ -163,4 +169,5 @@ def plan(now: datetime | None = None) -> list[Dispatch]:
                 tally=len(slots),
             )
         )
+    dispatches += scenarios.dispatches(scenario_slots, cases, now)
     return dispatches + races.plan(now, month_spend_by_task(now), cases)
