@@ -17,7 +17,7 @@ from django.utils import timezone
 from django.utils.decorators import method_decorator
 from django.views.decorators.debug import sensitive_post_parameters
 
-from monitor import presets
+from monitor import presets, scenario_presets
 from monitor.imports import evals, prices, quality
 from monitor.imports.base import MAX_IMPORT_BYTES, ImportFileError, Report
 from monitor.imports.fetch import fetch
@@ -36,6 +36,7 @@ from monitor.models import (
     Region,
     RegionKey,
     Route,
+    ScenarioStep,
     Subscription,
     Task,
 )
@@ -470,6 +471,37 @@ class EvalCaseInline(admin.TabularInline[EvalCase, Task]):
     fields = ["name", "input", "grader", "expected", "tolerance", "json_schema", "is_active"]
 
 
+class ScenarioStepInline(admin.TabularInline[ScenarioStep, Task]):
+    """A task with steps is a scenario: each slot runs them all on the route, in order, then
+    validates the final answer with the eval case (the presets are actions on the task list)."""
+
+    model = ScenarioStep
+    extra = 0
+    verbose_name = "scenario step"
+    fields = [
+        "order",
+        "kind",
+        "fan_out",
+        "prompt_template",
+        "input_tokens",
+        "max_tokens",
+        "carry_context",
+        "timeout_s",
+    ]
+
+
+def _preset_action(key: str, label: str) -> Any:
+    def action(modeladmin: TaskAdmin, request: HttpRequest, queryset: QuerySet[Task]) -> None:
+        for task in queryset:
+            scenario_presets.apply(task, key)
+        modeladmin.message_user(
+            request, f"{queryset.count()} task(s) are now scenarios: {label}.", messages.SUCCESS
+        )
+
+    action.__name__ = f"scenario_{key.replace('-', '_')}"
+    return admin.action(description=f"Make a scenario: {label}")(action)
+
+
 def _multi(choices: list[tuple[str, str]], label: str) -> forms.TypedMultipleChoiceField:
     return forms.TypedMultipleChoiceField(
         choices=choices, widget=forms.CheckboxSelectMultiple, label=label
@@ -490,7 +522,8 @@ class TaskForm(forms.ModelForm[Task]):
 @admin.register(Task)
 class TaskAdmin(admin.ModelAdmin[Task]):
     form = TaskForm
-    inlines = [EvalCaseInline]
+    inlines = [EvalCaseInline, ScenarioStepInline]
+    actions = [_preset_action(k, label) for k, (label, _) in scenario_presets.PRESETS.items()]
     list_display = [
         "name",
         "latency_class",
