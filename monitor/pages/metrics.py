@@ -32,6 +32,10 @@ def _num(value: float) -> str:
 _FAMILIES = [
     ("routewatch_ttft_seconds", "Time to first token, seconds, recent percentiles."),
     ("routewatch_e2e_seconds", "API end-to-end time, seconds, recent percentiles."),
+    (
+        "routewatch_app_e2e_seconds",
+        "Application end-to-end time of scenario tasks (every call and validation), seconds.",
+    ),
     ("routewatch_tokens_per_second", "Generation speed after the first token, recent percentiles."),
     ("routewatch_error_ratio", "Share of recent probes that failed or were missed."),
     ("routewatch_probes", "Probes in the window (ok, error and missed)."),
@@ -75,6 +79,11 @@ def lines(now: datetime) -> Iterator[str]:
             if e2e is not None:
                 samples["routewatch_e2e_seconds"].append(
                     f"routewatch_e2e_seconds{_labels(**base, **quantile)} {_num(e2e / 1000)}"
+                )
+            app_e2e = s.app_e2e_ms(q)
+            if app_e2e is not None:
+                samples["routewatch_app_e2e_seconds"].append(
+                    f"routewatch_app_e2e_seconds{_labels(**base, **quantile)} {_num(app_e2e / 1000)}"
                 )
             if tps is not None:
                 samples["routewatch_tokens_per_second"].append(

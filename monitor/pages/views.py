@@ -32,6 +32,7 @@ from monitor.pages import overview as overview_data
 from monitor.pages import races as pages_races
 from monitor.pages import regions as pages_regions
 from monitor.pages import route as pages_route
+from monitor.pages import scenario as pages_scenario
 from monitor.pages import task as pages_task
 from monitor.pages import whatif as pages_whatif
 from monitor.pages.common import RANGES, may_read, parse_range, readonly_page
@@ -121,6 +122,7 @@ def route_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     now = timezone.now()
     ctx = {
         "page": pages_route.build(route, task, region, window, now),
+        "scenario": pages_scenario.build(route, task, region, window, now) if task else None,
         "route": route,
         "ranges": RANGES.values(),
         "now": now,
