@@ -1015,7 +1015,7 @@ class ProbeResult(models.Model):
     cost_usd = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
     # One call of a scenario (its slot is the scenario's: slot_at stays null here), and the
     # index of its step (0-based).
-    scenario = models.ForeignKey(
+    scenario = models.ForeignKey["ScenarioResult | None", "ScenarioResult | None"](
         "ScenarioResult",
         on_delete=models.CASCADE,
         null=True,

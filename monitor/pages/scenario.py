@@ -99,9 +99,9 @@ def series(
             points.append(None)
             continue
         pcts = hist.percentiles(pairs, ROW_QUANTILES, hist.MS)
-        points.append(
-            [None] * _SERIES_OFFSET + [round(p, 1) if p is not None else None for p in pcts]
-        )
+        point: list[float | None] = [None] * _SERIES_OFFSET
+        point.extend(round(p, 1) if p is not None else None for p in pcts)
+        points.append(point)
     text = json.dumps(
         {
             "start": f"{first:%Y-%m-%dT%H:%M:%SZ}",
