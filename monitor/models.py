@@ -1020,10 +1020,12 @@ class ProbeResult(models.Model):
         on_delete=models.CASCADE,
         null=True,
         blank=True,
+        default=None,
         db_default=None,
         related_name="calls",
+        db_index=False,  # result_scenario_calls: scenario calls only, not every probe
     )
-    step = models.PositiveSmallIntegerField(null=True, blank=True, db_default=None)
+    step = models.PositiveSmallIntegerField(null=True, blank=True, default=None, db_default=None)
 
     class Meta:
         indexes = [
@@ -1034,6 +1036,13 @@ class ProbeResult(models.Model):
             # last 24 h. No percentile is computed from raw rows (rollups hold them), so the
             # index carries no measurement columns: a third of the size it was, cheaper ingest.
             models.Index(fields=["route", "started_at"], name="result_route_started"),
+            # A scenario's calls (its waterfall, deleting it): partial, so single probes (the
+            # bulk of the table) write nothing to it.
+            models.Index(
+                fields=["scenario"],
+                name="result_scenario_calls",
+                condition=models.Q(scenario__isnull=False),
+            ),
         ]
         constraints = [
             models.UniqueConstraint(
