@@ -45,7 +45,7 @@ from monitor.models import (
     ScenarioResult,
     ScenarioStep,
 )
-from monitor.pipeline import ingest, worker
+from monitor.pipeline import ingest, signing, worker
 from monitor.pipeline.messages import (
     RUN_SCENARIO,
     ContractError,
@@ -274,15 +274,30 @@ def _open_slot(payload: ScenarioPayload, region_id: int | None, now: datetime) -
         log.warning("rejected a scenario result: no open slot for it")
         return None
     if region_id is not None and now > slot.deadline_at:
-        log.warning("rejected a scenario result: received after its slot's deadline")
+        log.warning("rejected a scenario result: sent after its slot's deadline")
         return None
     return slot
 
 
-def ingest_scenario(data: object, *, from_region: int | None = None) -> ScenarioResult | None:
+def ingest_signed(envelope: object) -> bool:
+    """A scenario result as a region worker sends it (signed, monitor.pipeline.signing)."""
+    try:
+        opened = signing.open_results(envelope, signing.KIND_SCENARIO_RESULT)
+    except signing.Refused as exc:
+        log.warning("refused a scenario result: %s", exc)
+        ingest.count_rejected(1)
+        return False
+    stored = ingest_scenario(opened.body, from_region=opened.region_id, sealed_at=opened.sealed_at)
+    return stored is not None
+
+
+def ingest_scenario(
+    data: object, *, from_region: int | None = None, sealed_at: datetime | None = None
+) -> ScenarioResult | None:
     """Store one scenario result and its calls, fold it into the rollups, close its slot.
-    `from_region`: the region whose key signed it (then only that region's open slots)."""
-    now = timezone.now()
+    `from_region`: the region whose key signed it (then only that region's open slots), and
+    `sealed_at` when it signed it: one sealed after its slot's deadline is refused."""
+    now = sealed_at or timezone.now()
     try:
         payload = scenario_payload_from_json(data)
     except ContractError as exc:
