@@ -480,7 +480,7 @@ class SimulatorApp:
         )
         plan.cache_creation_tokens = created
         if provider.allow_fault_header and "[sim-delay-ms:" in prompt.text:
-            plan.delay(self._prompt_delay_s(prompt.text))
+            plan.hold_back(self._prompt_delay_s(prompt.text))
         truth.cached_tokens = cached
         truth.cache_creation_tokens = created
         truth.service_tier = plan.service_tier

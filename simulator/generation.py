@@ -108,7 +108,7 @@ class Plan:
     def shown_tokens(self) -> int:
         return len(self.reasoning) + len(self.answer)
 
-    def delay(self, seconds: float) -> None:
+    def hold_back(self, seconds: float) -> None:
         """Queue the response `seconds` longer: every token comes that much later."""
         if seconds > 0:
             self.queue_s += seconds
