@@ -21,10 +21,12 @@ def _ref(name: str) -> dict[str, str]:
 
 
 def _object(properties: dict[str, Any], description: str = "") -> dict[str, Any]:
+    # Closed: an answer with a field the description does not name fails the tests.
     schema: dict[str, Any] = {
         "type": "object",
         "required": list(properties),
         "properties": properties,
+        "additionalProperties": False,
     }
     if description:
         schema["description"] = description
@@ -35,9 +37,43 @@ NUMBER_OR_NULL = {"type": ["number", "null"]}
 STRING = {"type": "string"}
 TIME_OR_NULL = {"type": ["string", "null"], "format": "date-time"}
 
+ROUTE: dict[str, Any] = {
+    "id": {"type": "integer"},
+    "label": STRING,
+    "provider": _object({"slug": STRING, "name": STRING}),
+    "base_url": {
+        "type": "string",
+        "description": "The provider's base URL without credentials, query or fragment.",
+    },
+    "wire_format": {"type": "string", "enum": [w for w, _ in WIRE_FORMATS]},
+    "model_id": STRING,
+    "settings": _object(
+        {
+            "token_limit_param": {
+                "type": "string",
+                "description": "max_tokens or max_completion_tokens.",
+            },
+            "reasoning_effort": {"type": "string", "description": "Empty: not sent."},
+            "thinking_budget_tokens": {"type": ["integer", "null"]},
+            "service_tier": {"type": "string", "description": "Empty: not sent."},
+            "temperature": NUMBER_OR_NULL,
+            "extra_body": {"type": "object", "description": "Merged into the body."},
+            "api_version": {"type": "string", "description": "Azure's api-version."},
+        },
+        "The request settings the probes send. API keys and secret headers are never "
+        "part of the API: an application brings its own.",
+    ),
+}
+INTERVAL: dict[str, Any] = {
+    "value": NUMBER_OR_NULL,
+    "low": NUMBER_OR_NULL,
+    "high": NUMBER_OR_NULL,
+}
+
 SCHEMAS: dict[str, Any] = {
     "Error": {
         "type": "object",
+        "additionalProperties": False,
         "required": ["error", "message"],
         "properties": {
             "error": {
@@ -60,60 +96,25 @@ SCHEMAS: dict[str, Any] = {
         },
     },
     "Route": _object(
+        ROUTE, "A route: one model at one provider, with the settings it is probed with."
+    ),
+    "RouteListItem": _object(
         {
-            "id": {"type": "integer"},
-            "label": STRING,
-            "provider": _object({"slug": STRING, "name": STRING}),
-            "base_url": {
-                "type": "string",
-                "description": "The provider's base URL without credentials, query or fragment.",
+            **ROUTE,
+            "is_active": {
+                "type": "boolean",
+                "description": "False when the route or its provider is switched off.",
             },
-            "wire_format": {"type": "string", "enum": [w for w, _ in WIRE_FORMATS]},
-            "model_id": STRING,
-            "settings": _object(
-                {
-                    "token_limit_param": {
-                        "type": "string",
-                        "description": "max_tokens or max_completion_tokens.",
-                    },
-                    "reasoning_effort": {"type": "string", "description": "Empty: not sent."},
-                    "thinking_budget_tokens": {"type": ["integer", "null"]},
-                    "service_tier": {"type": "string", "description": "Empty: not sent."},
-                    "temperature": NUMBER_OR_NULL,
-                    "extra_body": {"type": "object", "description": "Merged into the body."},
-                    "api_version": {"type": "string", "description": "Azure's api-version."},
-                },
-                "The request settings the probes send. API keys and secret headers are never "
-                "part of the API: an application brings its own.",
-            ),
-        },
-        "A route: one model at one provider, with the settings it is probed with.",
+            "tasks": {"type": "array", "items": STRING},
+        }
     ),
-    "RouteListItem": {
-        "allOf": [
-            _ref("Route"),
-            _object(
-                {
-                    "is_active": {
-                        "type": "boolean",
-                        "description": "False when the route or its provider is switched off.",
-                    },
-                    "tasks": {"type": "array", "items": STRING},
-                }
-            ),
-        ]
-    },
     "Interval": _object(
-        {"value": NUMBER_OR_NULL, "low": NUMBER_OR_NULL, "high": NUMBER_OR_NULL},
-        "A figure with its 95% interval; null where the samples cannot give it.",
+        INTERVAL, "A figure with its 95% interval; null where the samples cannot give it."
     ),
-    "PassRate": {
-        "allOf": [
-            _ref("Interval"),
-            _object({"passed": {"type": "integer"}, "graded": {"type": "integer"}}),
-        ],
-        "description": "Graded probes that passed, all regions, with the 95% Wilson interval.",
-    },
+    "PassRate": _object(
+        {**INTERVAL, "passed": {"type": "integer"}, "graded": {"type": "integer"}},
+        "Graded probes that passed, all regions, with the 95% Wilson interval.",
+    ),
     "Figures": _object(
         {
             "metric_ms": _ref("Interval"),
