@@ -3,6 +3,7 @@ real against the simulator; it carries no secret; it can be polled cheaply."""
 
 from __future__ import annotations
 
+import urllib.error
 from datetime import timedelta
 
 import httpx
@@ -18,6 +19,7 @@ from monitor.models import Provider, Region, Route, Task
 from monitor.pages import overview
 from tests.dashboard.api_support import get, make_token
 from tests.dashboard.conftest import World
+from tests.support import ROOT
 
 
 def _route_url(task: str, region: str | None = None) -> str:
@@ -275,3 +277,24 @@ def test_an_application_reads_the_answer_over_a_real_socket(live_server, world: 
             again = http.get(url, headers={"If-None-Match": again.headers["etag"]})
         assert again.status_code == 304
         assert http.get(url, headers={"Authorization": "Bearer rw_wrong"}).status_code == 401
+
+
+def test_the_readme_example_works_against_a_real_server(
+    live_server, world: World, monkeypatch
+) -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Use the answer from an application") :]
+    code = section[section.index("```python\n") + len("```python\n") :].split("```")[0]
+    assert len(code.strip().splitlines()) <= 14
+    monkeypatch.setenv("ROUTEWATCH_URL", live_server.url)
+    monkeypatch.setenv("ROUTEWATCH_TOKEN", make_token())
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 (our own README)
+    answer, etag = namespace["fastest_route"]("arithmetic", "eu-west")
+    assert answer["route"]["model_id"] in {r.model_id for r in world.routes.values()}
+    assert etag.startswith('"')
+    unchanged, same = namespace["fastest_route"]("arithmetic", "eu-west", etag)
+    assert (unchanged, same) == (None, etag)
+    monkeypatch.setenv("ROUTEWATCH_TOKEN", "rw_wrong")
+    with pytest.raises(urllib.error.HTTPError, match="401"):
+        namespace["fastest_route"]("arithmetic", "eu-west")
