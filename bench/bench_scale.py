@@ -197,7 +197,8 @@ def load(now: datetime, days: int) -> None:
                 INSERT INTO monitor_rollup (grain, bucket_start, task_id, route_id, region_id,
                   count_ok, count_error, count_missed, error_kinds, graded, passed,
                   cache_reported, cache_hits, input_tokens, output_tokens, cached_tokens,
-                  cost_usd, ttft_hist, e2e_hist, tps_hist, last_probe_at)
+                  cost_usd, ttft_hist, e2e_hist, tps_hist, last_probe_at,
+                  ttfat_hist, ref_ttft_hist, ref_ttfat_hist, ref_e2e_hist, last_ok_at)
                 SELECT '{grain}', date_trunc('{trunc}', started_at), task_id, route_id, region_id,
                   count(*) FILTER (WHERE outcome = 'ok'),
                   count(*) FILTER (WHERE outcome = 'error'),
@@ -210,7 +211,15 @@ def load(now: datetime, days: int) -> None:
                   rw_bench_hist(array_agg(ttft_ms), {hist.MS.low}, {hist.MS.size}),
                   rw_bench_hist(array_agg(e2e_ms), {hist.MS.low}, {hist.MS.size}),
                   rw_bench_hist(array_agg(tps), {hist.TPS.low}, {hist.TPS.size}),
-                  max(started_at)
+                  max(started_at),
+                  -- Every loaded probe is a reference probe (HTTP/1.1 to providers without
+                  -- HTTP/2, warm, JSON, stable prefix) of a route that does not reason, so
+                  -- its first token is its first answer token.
+                  rw_bench_hist(array_agg(ttft_ms), {hist.MS.low}, {hist.MS.size}),
+                  rw_bench_hist(array_agg(ttft_ms), {hist.MS.low}, {hist.MS.size}),
+                  rw_bench_hist(array_agg(ttft_ms), {hist.MS.low}, {hist.MS.size}),
+                  rw_bench_hist(array_agg(e2e_ms), {hist.MS.low}, {hist.MS.size}),
+                  max(started_at) FILTER (WHERE outcome = 'ok')
                 FROM monitor_proberesult
                 GROUP BY GROUPING SETS (
                   (date_trunc('{trunc}', started_at), task_id, route_id, region_id),
