@@ -259,12 +259,31 @@ def _find(data: Overview, task_slug: str, region_slug: str | None) -> tuple[Task
     return row, cell
 
 
+# The route rows named by one snapshot, per process: (the snapshot's built_at, id -> shape).
+# Any change to a route or provider drops the snapshot (monitor.apps), so the next snapshot
+# has another built_at and the rows are read again; until then they cannot have changed.
+_route_shapes: tuple[datetime | None, dict[int, RouteJSON]] = (None, {})
+
+
+def _routes_of(data: Overview, wanted: list[int]) -> dict[int, RouteJSON]:
+    global _route_shapes
+    built_at, shapes = _route_shapes
+    if built_at != data.built_at:
+        shapes = {}
+    missing = [i for i in wanted if i not in shapes]
+    if missing:
+        rows = Route.objects.select_related("provider").in_bulk(missing)
+        if len(rows) != len(missing):
+            raise _Vanished
+        shapes = {**shapes, **{i: route_json(r) for i, r in rows.items()}}
+        _route_shapes = (data.built_at, shapes)
+    return shapes
+
+
 def _answer(data: Overview, task_slug: str, region_slug: str | None) -> AnswerJSON:
     row, cell = _find(data, task_slug, region_slug)
     wanted = [i for i in (cell.route_id, cell.runner_up_id) if i is not None]
-    routes = Route.objects.select_related("provider").in_bulk(wanted)
-    if any(i not in routes for i in wanted):
-        raise _Vanished
+    routes = _routes_of(data, wanted)
     winner = routes[cell.route_id] if cell.route_id is not None else None
     runner = routes[cell.runner_up_id] if cell.runner_up_id is not None else None
     ids: list[int | None] = list(cell.tied_ids)
@@ -274,14 +293,12 @@ def _answer(data: Overview, task_slug: str, region_slug: str | None) -> AnswerJS
         "task": row.task.slug,
         "region": cell.region_slug,
         "metric": {"name": row.task.metric, "label": row.task.latency_metric},
-        "route": route_json(winner) if winner else None,
+        "route": winner,
         "figures": _winner_figures(cell) if winner else None,
         "reason": cell.reason,
         "why": cell.why,
         "winner_since": _iso(cell.winner_since),
-        "runner_up": (
-            {"route": route_json(runner), "figures": _runner_up_figures(cell)} if runner else None
-        ),
+        "runner_up": ({"route": runner, "figures": _runner_up_figures(cell)} if runner else None),
         "tied": [{"id": i, "label": label} for i, label in zip(ids, cell.tied, strict=True)],
         "freshness": {
             "last_probe_at": _iso(cell.last_probe_at),

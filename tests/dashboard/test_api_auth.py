@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from monitor.api import tokens
 from monitor.models import ApiToken
+from probes.redact import REDACTED, redact
 from tests.dashboard.api_support import get, make_token
 from tests.monitor import factories as f
 
@@ -137,3 +138,12 @@ def test_last_used_is_written_at_most_once_a_minute(
     with time_machine.travel(start + timedelta(seconds=61), tick=False):
         get(client, urls[0], token)
     assert ApiToken.objects.get().last_used_at == start + timedelta(seconds=61)
+
+
+def test_a_token_in_a_log_line_is_redacted() -> None:
+    token = tokens.issue().token
+    line = redact(f"client sent {token} in the query")
+    assert token not in line
+    assert line == f"client sent {REDACTED} in the query"
+    # Only token-shaped words: ordinary identifiers stay.
+    assert redact("rw_hour_strip_write") == "rw_hour_strip_write"

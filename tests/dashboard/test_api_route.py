@@ -298,3 +298,20 @@ def test_the_readme_example_works_against_a_real_server(
     monkeypatch.setenv("ROUTEWATCH_TOKEN", "rw_wrong")
     with pytest.raises(urllib.error.HTTPError, match="401"):
         namespace["fastest_route"]("arithmetic", "eu-west")
+
+
+def test_an_edited_route_shows_in_the_next_answer(client: Client, world: World) -> None:
+    token = make_token()
+    url = _route_url("arithmetic", "eu-west")
+    first = get(client, url, token).json()
+    route = Route.objects.get(pk=first["route"]["id"])
+    assert first["route"]["settings"]["temperature"] is None
+    route.temperature = 0.3
+    route.save()
+    second = get(client, url, token).json()
+    assert second["route"]["id"] == route.pk
+    assert second["route"]["settings"]["temperature"] == 0.3
+    provider = Provider.objects.get(pk=route.provider_id)
+    provider.name = "Renamed"
+    provider.save()
+    assert get(client, url, token).json()["route"]["provider"]["name"] == "Renamed"
