@@ -56,7 +56,7 @@ def test_the_description_names_every_url_under_api_v1(description: dict) -> None
     server = description["servers"][0]["url"]
     for path in description["paths"]:
         url = server + path.replace("{slug}", "some-task")
-        assert resolve(url.split("?")[0]).url_name.startswith("rw-api-"), url
+        assert str(resolve(url).url_name).startswith("rw-api-"), url
 
 
 def _validator(description: dict, name: str) -> jsonschema.Draft202012Validator:
