@@ -257,7 +257,7 @@ def main() -> None:
         naive = statistics.median(naive_ms) if naive_ms else None
         naive_text = f"{naive:8.0f}ms" if naive is not None else f"{'—':>10}"
         ratio = f"{naive / p50:6.0f}x" if naive is not None else f"{'—':>7}"
-        target = TARGET_API_P95_MS if name.startswith("API") else TARGET_P95_MS
+        target = TARGET_API_P95_MS if name.startswith(API_ROUTE) else TARGET_P95_MS
         flag = "ok" if p95 <= target else f"OVER {target:.0f} ms"
         print(f"{name:36} {p50:6.1f}ms {p95:6.1f}ms {naive_text} {ratio}  {flag}")
     print(f"\nslowest page p95: {worst:.1f} ms (target {TARGET_P95_MS:.0f} ms)")
