@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 # mypy's Django plugin imports the settings; it needs values, not servers.
-TYPECHECK_ENV := SECRET_KEY=typecheck FIELD_ENCRYPTION_KEYS=YWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWE= \
+TYPECHECK_ENV := SECRET_KEY=typecheck-typecheck-typecheck-typecheck-typecheck-typecheck FIELD_ENCRYPTION_KEYS=YWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWE= \
 	DATABASE_URL=postgresql://typecheck@localhost/typecheck REDIS_URL=redis://localhost:6379/0
 
 .PHONY: run test lint typecheck pytest bench bench-simulator bench-probes bench-scale bench-pages vendor clean

@@ -3,10 +3,12 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import json
+import secrets
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -17,9 +19,17 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 from django.utils import timezone
 
-from monitor.crypto import decrypt_secret, encrypt_secret
+from monitor.crypto import (
+    decrypt_bound,
+    decrypt_secret,
+    encrypt_bound,
+    encrypt_secret,
+    origin_of,
+)
+from monitor.limits import PROBE_TIMEOUT_MAX_S
 from probes.errors import Kind
 from probes.formats import PROTECTED_BODY_KEYS
+from probes.transport import address_allowed
 
 WIRE_OPENAI = "openai"
 WIRE_ANTHROPIC = "anthropic"
@@ -235,7 +245,7 @@ def check_provider_url(url: str, *, allow_private: bool | None = None) -> None:
         raise ValidationError(f"The host {parts.hostname!r} does not resolve.") from None
     for info in infos:
         address = ipaddress.ip_address(info[4][0])
-        if not address.is_global:
+        if not address_allowed(str(address)):
             raise ValidationError(
                 f"{parts.hostname} resolves to a non-public address ({address}); "
                 "set PROVIDER_ALLOW_PRIVATE_NETWORKS=true to allow it."
@@ -250,6 +260,9 @@ class Provider(models.Model):
         help_text="For OpenAI format, the URL ending in /v1; for Anthropic, the URL before /v1.",
     )
     wire_format = models.CharField(max_length=20, choices=WIRE_FORMATS, default=WIRE_OPENAI)
+    # The admin preset it was made from (monitor.presets): its routes' default request settings
+    # and its name in LiteLLM's price file (manage.py import_prices). Blank: set up by hand.
+    preset = models.CharField(max_length=30, blank=True, default="")
     # Fernet token of the API key; the key itself is never stored, rendered or logged.
     api_key_encrypted = models.TextField(blank=True, default="", editable=False)
     extra_headers = models.JSONField(
@@ -279,6 +292,26 @@ class Provider(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """A new origin drops the stored key and the secret headers of this provider's routes
+        (they were entered for the old one), unless a key was entered for the new origin in
+        the same change. `secrets_cleared` says whether that happened (the admin asks for
+        the key again)."""
+        self.secrets_cleared = False
+        if self.pk is not None:
+            old = Provider.objects.filter(pk=self.pk).values_list("base_url", flat=True).first()
+            if old is not None and origin_of(old) != self.origin:
+                if getattr(self, "_key_origin", None) != self.origin and self.api_key_encrypted:
+                    self.api_key_encrypted = ""
+                    self.secrets_cleared = True
+                    if "update_fields" in kwargs and kwargs["update_fields"] is not None:
+                        kwargs["update_fields"] = {*kwargs["update_fields"], "api_key_encrypted"}
+                routes = Route.objects.filter(provider_id=self.pk).exclude(
+                    secret_headers_encrypted=""
+                )
+                self.secrets_cleared |= routes.update(secret_headers_encrypted="") > 0
+        super().save(*args, **kwargs)
+
     def clean(self) -> None:
         check_provider_url(self.base_url)
         if not isinstance(self.extra_headers, dict) or not all(
@@ -297,11 +330,21 @@ class Provider(models.Model):
         )
 
     def set_api_key(self, plaintext: str) -> None:
-        self.api_key_encrypted = encrypt_secret(plaintext) if plaintext else ""
+        """Store the key encrypted, bound to the origin of the current base URL (it is only
+        ever sent there: monitor.crypto.decrypt_bound)."""
+        self.api_key_encrypted = encrypt_bound(self.origin, plaintext) if plaintext else ""
+        self._key_origin = self.origin
 
     def get_api_key(self) -> str:
-        """The decrypted key; raises ApiKeyDecryptionError rather than return ciphertext."""
-        return decrypt_secret(self.api_key_encrypted) if self.api_key_encrypted else ""
+        """The decrypted key; raises ApiKeyDecryptionError rather than return ciphertext, and
+        KeyOriginMismatch for a key entered for another origin."""
+        if not self.api_key_encrypted:
+            return ""
+        return decrypt_bound(self.api_key_encrypted, self.base_url, accept_unbound=True)
+
+    @property
+    def origin(self) -> str:
+        return origin_of(self.base_url)
 
 
 class Route(models.Model):
@@ -313,6 +356,15 @@ class Route(models.Model):
     )
     price_output_per_mtok = models.DecimalField(
         "$ / M output tokens", max_digits=12, decimal_places=4, default=Decimal("0")
+    )
+    price_cached_input_per_mtok = models.DecimalField(
+        "$ / M cached input tokens",
+        max_digits=12,
+        decimal_places=4,
+        null=True,
+        blank=True,
+        help_text="Input tokens the provider reports as read from its prompt cache. "
+        "Empty: charged at the input price.",
     )
     quality_index = models.FloatField(
         null=True,
@@ -418,8 +470,11 @@ class Route(models.Model):
         return bool(self.secret_headers_encrypted)
 
     def set_secret_headers(self, headers: dict[str, str]) -> None:
+        """Stored encrypted, bound to the provider's origin like its API key."""
         self.secret_headers_encrypted = (
-            encrypt_secret(json.dumps(headers, separators=(",", ":"))) if headers else ""
+            encrypt_bound(self.provider.origin, json.dumps(headers, separators=(",", ":")))
+            if headers
+            else ""
         )
 
     @property
@@ -431,9 +486,20 @@ class Route(models.Model):
             or self.token_limit_param == TOKEN_LIMIT_MAX_COMPLETION_TOKENS
         )
 
-    def cost_usd(self, input_tokens: int, output_tokens: int) -> Decimal:
+    def cost_usd(
+        self, input_tokens: int, output_tokens: int, cached_tokens: int | None = None
+    ) -> Decimal:
+        """What a call costs. `input_tokens` counts all input, cached or not (as every wire
+        format reports it, probes.formats); the cached part is charged at the cached-input
+        price where one is set. Cache writes (Anthropic's) are charged at the input price."""
+        cached = min(max(cached_tokens or 0, 0), input_tokens)
+        if self.price_cached_input_per_mtok is None:
+            cached = 0
+        cached_price = self.price_cached_input_per_mtok or Decimal("0")
         return (
-            self.price_input_per_mtok * input_tokens + self.price_output_per_mtok * output_tokens
+            self.price_input_per_mtok * (input_tokens - cached)
+            + cached_price * cached
+            + self.price_output_per_mtok * output_tokens
         ) / Decimal(1_000_000)
 
 
@@ -456,6 +522,45 @@ class Region(models.Model):
     @property
     def queue_name(self) -> str:
         return f"probes.{self.slug}"
+
+
+class RegionKey(models.Model):
+    """A secret shared by the beat and one region's workers (monitor.pipeline.signing): it
+    signs what travels between them and encrypts the provider keys sent to that region.
+    Several may be active at once, so a key can be rotated with overlap: give the workers the
+    new key, add it here (the newest active key signs), then deactivate the old one."""
+
+    region = models.ForeignKey(Region, on_delete=models.CASCADE, related_name="keys")
+    key_id = models.CharField(max_length=40, unique=True, editable=False)
+    # Fernet token (FIELD_ENCRYPTION_KEYS) of the secret; write-only in the admin.
+    secret_encrypted = models.TextField(editable=False)
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["region", "-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.region_id}:{self.key_id}"
+
+    @staticmethod
+    def new_key_id() -> str:
+        return secrets.token_hex(8)
+
+    @classmethod
+    def issue(cls, region: Region) -> tuple[RegionKey, str]:
+        """A new active key for the region, and its secret (shown once, stored encrypted)."""
+        secret = secrets.token_urlsafe(32)
+        key = cls(region=region, key_id=cls.new_key_id())
+        key.set_secret(secret)
+        key.save()
+        return key, secret
+
+    def set_secret(self, secret: str) -> None:
+        self.secret_encrypted = encrypt_secret(secret)
+
+    def get_secret(self) -> str:
+        return decrypt_secret(self.secret_encrypted)
 
 
 def _default_http_versions() -> list[str]:
@@ -575,7 +680,8 @@ class Task(models.Model):
     probe_timeout_s = models.PositiveIntegerField(
         "probe deadline (s)",
         default=180,
-        validators=[MinValueValidator(5), MaxValueValidator(3600)],
+        # The longest one allowed bounds the region tasks' time limits (monitor.limits).
+        validators=[MinValueValidator(5), MaxValueValidator(PROBE_TIMEOUT_MAX_S)],
         help_text="Total wall-clock bound of one probe; a slot with no result by then plus a "
         "minute of grace is recorded as missed.",
     )

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 from monitor.models import GRAIN_HOUR, Region, Route, Task
+from monitor.pipeline.queues import BrokerFigures
 from monitor.stats import rollups
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -95,3 +96,23 @@ def lines(now: datetime) -> Iterator[str]:
         yield f"# TYPE {name} gauge\n"
         for sample in samples[name]:
             yield sample + "\n"
+
+
+def broker_lines(figures: BrokerFigures | None) -> Iterator[str]:
+    """Queue depths, unacknowledged and dead-lettered messages (monitor.pipeline.queues);
+    routewatch_broker_up 0 when Redis does not answer."""
+    yield "# HELP routewatch_broker_up Whether the broker (Redis) answered this scrape.\n"
+    yield "# TYPE routewatch_broker_up gauge\n"
+    yield f"routewatch_broker_up {0 if figures is None else 1}\n"
+    if figures is None:
+        return
+    yield "# HELP routewatch_queue_depth Messages waiting in a broker queue.\n"
+    yield "# TYPE routewatch_queue_depth gauge\n"
+    for queue, depth in figures["depths"].items():
+        yield f"routewatch_queue_depth{_labels(queue=queue)} {depth}\n"
+    yield "# HELP routewatch_unacked_messages Messages taken by a worker, not yet acknowledged.\n"
+    yield "# TYPE routewatch_unacked_messages gauge\n"
+    yield f"routewatch_unacked_messages {figures['unacked']}\n"
+    yield "# HELP routewatch_dead_letters Ingest messages parked after their retries.\n"
+    yield "# TYPE routewatch_dead_letters gauge\n"
+    yield f"routewatch_dead_letters {figures['dead_letters']}\n"

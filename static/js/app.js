@@ -51,8 +51,9 @@
 
   // Route chart data (monitor/pages_route.py, series): the chunks joined, less the first
   // `skip` points, are `count` points one step apart from `start` (UTC); each point is
-  // [ttft p50, p95, p99, e2e p50, p95, p99, tps p50, p95, p99] or null (no data that hour).
-  var SERIES_METRICS = ["ttft_ms", "e2e_ms", "tps"];
+  // [ttft p50, p95, p99, e2e p50, p95, p99, tps p50, p95, p99, ttfat p50, p95, p99] or null
+  // (no data that hour); points stored before time to first answer token end after tps.
+  var SERIES_METRICS = ["ttft_ms", "e2e_ms", "tps", "ttfat_ms"];
   var QUANTILES = ["p50", "p95", "p99"];
 
   function pad2(n) { return (n < 10 ? "0" : "") + n; }

@@ -288,9 +288,9 @@ def _samples(body: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     for line in body.splitlines():
         if not line or line.startswith("#"):
             continue
-        m = re.fullmatch(r"(\w+)\{(.*)\} (\S+)", line)
+        m = re.fullmatch(r"(\w+)(?:\{(.*)\})? (\S+)", line)  # labels are optional
         assert m, line
-        labels = frozenset(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2)))
+        labels = frozenset(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
         out[(m.group(1), labels)] = float(m.group(3))
     return out
 
