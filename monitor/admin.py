@@ -18,6 +18,7 @@ from django.utils.decorators import method_decorator
 from django.views.decorators.debug import sensitive_post_parameters
 
 from monitor import presets, scenario_presets
+from monitor.api import tokens
 from monitor.imports import evals, prices, quality
 from monitor.imports.base import MAX_IMPORT_BYTES, ImportFileError, Report
 from monitor.imports.fetch import fetch
@@ -28,6 +29,7 @@ from monitor.models import (
     GRADERS,
     HTTP_VERSIONS,
     PREFIX_MODES,
+    ApiToken,
     EvalCase,
     Heartbeat,
     ProbeResult,
@@ -735,3 +737,28 @@ class SubscriptionAdmin(admin.ModelAdmin[Subscription]):
     def save_model(self, request: HttpRequest, obj: Subscription, form: Any, change: bool) -> None:
         obj.reschedule_if_changed(form.changed_data, timezone.now())
         super().save_model(request, obj, form, change)
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin[ApiToken]):
+    """Tokens for the read API (/api/v1/). Adding one generates it; only its prefix and
+    SHA-256 are kept, so the token is shown once, in the message after the save."""
+
+    list_display = ["name", "prefix", "created_at", "last_used_at", "is_active"]
+    list_filter = ["is_active"]
+    search_fields = ["name", "prefix"]
+    fields = ["name", "is_active", "prefix", "created_at", "last_used_at"]
+    readonly_fields = ["prefix", "created_at", "last_used_at"]
+
+    def save_model(self, request: HttpRequest, obj: ApiToken, form: Any, change: bool) -> None:
+        issued = None
+        if not change:
+            issued = tokens.issue()
+            obj.prefix, obj.digest = issued.prefix, issued.digest
+        super().save_model(request, obj, form, change)
+        if issued is not None:
+            messages.warning(
+                request,
+                f"The API token for {obj.name!r} is {issued.token} — copy it now: it is shown "
+                "only this once and cannot be recovered (a lost token is replaced by a new one).",
+            )
