@@ -226,8 +226,8 @@ def metrics(request: HtmxHttpRequest) -> HttpResponse:
             content_type="text/plain; charset=utf-8",
             headers={"WWW-Authenticate": 'Bearer realm="routewatch"'},
         )
-    body = "".join(pages_metrics.lines(timezone.now()))
-    return HttpResponse(body, content_type=pages_metrics.CONTENT_TYPE)
+    body, content_type = pages_metrics.exposition(request.headers.get("Accept", ""), timezone.now())
+    return HttpResponse(body, content_type=content_type)
 
 
 @require_GET
