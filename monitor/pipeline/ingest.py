@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
 from django.db import DatabaseError, connection, models, transaction
@@ -47,6 +47,7 @@ from monitor.models import (
     Route,
     Task,
 )
+from monitor.pipeline import genai_otlp
 from monitor.pipeline.messages import (
     ContractError,
     ResultPayload,
@@ -468,6 +469,9 @@ def ingest(message: object, *, from_region: int | None = None) -> int:
         _set_slot_status(inserted, SLOT_DONE, only_open=True)
         rollups.apply(inserted)
         count_rejected(rejected + refused)
+        if inserted and genai_otlp.enabled():
+            # Only what was stored, once stored (a rolled-back batch is redelivered).
+            transaction.on_commit(partial(genai_otlp.record, inserted, rows_in, prices))
     return len(inserted)
 
 
