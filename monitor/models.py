@@ -26,6 +26,7 @@ from monitor.crypto import (
     encrypt_secret,
     origin_of,
 )
+from monitor.limits import PROBE_TIMEOUT_MAX_S
 from probes.errors import Kind
 from probes.formats import PROTECTED_BODY_KEYS
 from probes.transport import address_allowed
@@ -679,7 +680,8 @@ class Task(models.Model):
     probe_timeout_s = models.PositiveIntegerField(
         "probe deadline (s)",
         default=180,
-        validators=[MinValueValidator(5), MaxValueValidator(3600)],
+        # The longest one allowed bounds the region tasks' time limits (monitor.limits).
+        validators=[MinValueValidator(5), MaxValueValidator(PROBE_TIMEOUT_MAX_S)],
         help_text="Total wall-clock bound of one probe; a slot with no result by then plus a "
         "minute of grace is recorded as missed.",
     )

@@ -32,7 +32,6 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import (
@@ -46,8 +45,8 @@ from prometheus_client.registry import Collector
 
 from monitor.models import GRAIN_DAY, GRAIN_HOUR, Heartbeat, Region, Rollup, Route, Task
 from monitor.pages import overview
+from monitor.pipeline import queues
 from monitor.pipeline.ingest import REJECTED_COUNTER
-from monitor.pipeline.messages import INGEST_QUEUE
 from monitor.stats import hist, rollups
 from monitor.stats.rollups import Stats
 from probes.errors import Kind
@@ -79,7 +78,6 @@ SECONDS_BOUNDS = (
 TPS_BOUNDS = (5.0, 10.0, 20.0, 30.0, 50.0, 75.0, 100.0, 150.0, 200.0, 300.0, 500.0, 1000.0, 2000.0)
 
 # The Celery queues besides the regions' probes.<slug>: beat's own tasks, and results.
-BASE_QUEUES = ("default", INGEST_QUEUE)
 TICK_HEARTBEAT = "tick"  # monitor.tasks.tick
 
 _KEY = ("task", "route", "region")
@@ -421,42 +419,32 @@ def _heartbeats() -> Iterator[Metric]:
     yield from (last_tick, ticks, rejected)
 
 
-def _queue_depths(queues: Sequence[str]) -> dict[str, int] | None:
-    """Messages waiting in each Celery queue (Redis LLEN of the queue's list; we send no
-    message priorities, so none sit in kombu's per-priority lists); None when the broker does
-    not answer."""
-    import redis
-
-    try:
-        client = redis.Redis.from_url(
-            settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2
-        )
-        with client.pipeline(transaction=False) as pipe:
-            for queue in queues:
-                pipe.llen(queue)
-            lengths = pipe.execute()
-    except redis.RedisError as exc:
-        log.warning("metrics: the broker did not answer (%s)", type(exc).__name__)
-        return None
-    return {q: int(n) for q, n in zip(queues, lengths, strict=True)}
-
-
 def _queues(region_queues: Sequence[str]) -> Iterator[Metric]:
-    queues = [*BASE_QUEUES, *sorted(region_queues)]
-    depths = _queue_depths(queues)
+    """Queue depths, unacknowledged and dead-lettered messages (monitor.pipeline.queues, the
+    figures the Status page shows); routewatch_broker_up 0 when Redis does not answer."""
+    figures = queues.broker_figures(region_queues)
     up = GaugeMetricFamily(
         "routewatch_broker_up", "1 when the broker (Redis) answered this scrape, 0 when not."
     )
-    up.add_metric([], 0 if depths is None else 1)
+    up.add_metric([], 0 if figures is None else 1)
     depth = GaugeMetricFamily(
         "routewatch_queue_depth",
         "Messages waiting in a Celery queue: probes.<region> (probe batches), ingest "
         "(results), default (the scheduler's own tasks).",
         labels=["queue"],
     )
-    for queue, n in (depths or {}).items():
-        depth.add_metric([queue], n)
-    yield from (up, depth)
+    unacked = GaugeMetricFamily(
+        "routewatch_unacked_messages", "Messages taken by a worker, not yet acknowledged."
+    )
+    letters = GaugeMetricFamily(
+        "routewatch_dead_letters", "Ingest messages parked after their retries (Status page)."
+    )
+    if figures is not None:
+        for queue, n in figures["depths"].items():
+            depth.add_metric([queue], n)
+        unacked.add_metric([], figures["unacked"])
+        letters.add_metric([], figures["dead_letters"])
+    yield from (up, depth, unacked, letters)
 
 
 def exposition(accept: str, now: datetime) -> tuple[bytes, str]:

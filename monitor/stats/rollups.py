@@ -161,7 +161,7 @@ ON CONFLICT ({", ".join(_KEY_COLUMNS)}) DO UPDATE SET
       SELECT k, sum(v::int) AS n FROM (
         SELECT * FROM jsonb_each_text(monitor_rollup.error_kinds)
         UNION ALL SELECT * FROM jsonb_each_text(EXCLUDED.error_kinds)
-      ) AS kinds(k, v) GROUP BY k
+      ) AS kinds(k, v) GROUP BY k HAVING sum(v::int) <> 0
     ) AS summed
   ),
   {", ".join(f"{c} = rw_pairs_add(monitor_rollup.{c}, EXCLUDED.{c})" for c in _HISTOGRAMS)},
@@ -178,8 +178,7 @@ _ROW = (
 )
 
 
-def apply(results: Iterable[ResultRow]) -> int:
-    """Fold results into the rollups; returns how many rollup rows were written."""
+def _deltas(results: Iterable[ResultRow]) -> dict[Key, _Delta]:
     deltas: dict[Key, _Delta] = {}
     for r in results:
         if r.task_id is None:
@@ -189,6 +188,29 @@ def apply(results: Iterable[ResultRow]) -> int:
             for region_id in (r.region_id, None):
                 key = (grain, start, r.task_id, r.route_id, region_id)
                 deltas.setdefault(key, _Delta()).add(r)
+    return deltas
+
+
+def apply(results: Iterable[ResultRow]) -> int:
+    """Fold results into the rollups; returns how many rollup rows were written."""
+    return _upsert(_deltas(results))
+
+
+def retract(missed: Iterable[ResultRow]) -> int:
+    """Take `missed` results back out of the rollups (ingest replaced them with the real,
+    late result). Only missed rows: they add counts and error kinds, never a histogram sample
+    or a last-probe time, so subtracting their counts undoes them exactly."""
+    deltas = _deltas(missed)
+    for d in deltas.values():
+        if d.ttft or d.e2e or d.tps or d.last_probe_at is not None or d.count_ok or d.count_error:
+            raise ValueError("only missed results can be retracted from the rollups")
+        for name in COUNTERS:
+            setattr(d, name, -getattr(d, name))
+        d.error_kinds = Counter({k: -n for k, n in d.error_kinds.items()})
+    return _upsert(deltas)
+
+
+def _upsert(deltas: dict[Key, _Delta]) -> int:
     if not deltas:
         return 0
     params: list[Any] = []

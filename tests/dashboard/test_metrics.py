@@ -30,6 +30,7 @@ from monitor.models import (
 )
 from monitor.pages import metrics, overview
 from monitor.pipeline import ingest
+from monitor.pipeline.queues import known_queues
 from monitor.stats import hist, rollups
 from monitor.tasks import beat
 from tests.dashboard.conftest import World, probe_and_ingest
@@ -309,7 +310,7 @@ def broker_queues(probed_world: World) -> Iterator[list[str]]:
     from django.conf import settings
 
     client = redis.Redis.from_url(settings.REDIS_URL)
-    queues = [*metrics.BASE_QUEUES, *(g.queue_name for g in probed_world.regions)]
+    queues = known_queues(g.queue_name for g in probed_world.regions)
     client.delete(*queues)
     yield queues
     client.delete(*queues)
