@@ -237,9 +237,8 @@ def metrics(request: HtmxHttpRequest) -> HttpResponse:
             content_type="text/plain; charset=utf-8",
             headers={"WWW-Authenticate": 'Bearer realm="routewatch"'},
         )
-    body = "".join(pages_metrics.lines(timezone.now()))
-    body += "".join(pages_metrics.broker_lines(_broker_figures()))
-    return HttpResponse(body, content_type=pages_metrics.CONTENT_TYPE)
+    body, content_type = pages_metrics.exposition(request.headers.get("Accept", ""), timezone.now())
+    return HttpResponse(body, content_type=content_type)
 
 
 def _broker_figures() -> queues.BrokerFigures | None:

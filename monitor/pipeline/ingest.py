@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
 from django.db import (
@@ -60,7 +60,7 @@ from monitor.models import (
     Route,
     Task,
 )
-from monitor.pipeline import signing
+from monitor.pipeline import genai_otlp, signing
 from monitor.pipeline.messages import (
     ContractError,
     ResultPayload,
@@ -546,6 +546,9 @@ def ingest(
         _set_slot_status(inserted, SLOT_DONE, only_open=False)
         rollups.apply(inserted)
         count_rejected(rejected + refused)
+        if inserted and genai_otlp.enabled():
+            # Only what was stored, once stored (a rolled-back batch is redelivered).
+            transaction.on_commit(partial(genai_otlp.record, inserted, rows_in, prices))
     return len(inserted)
 
 

@@ -41,9 +41,14 @@ class DeadLetter(TypedDict):
     body: object  # the ingest task's argument, as it was sent
 
 
-@cache
 def client() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=5)
+    """The broker's Redis (one client per URL, so a changed REDIS_URL is followed)."""
+    return _client(settings.REDIS_URL)
+
+
+@cache
+def _client(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
 
 
 def depths(queues: Iterable[str]) -> dict[str, int]:

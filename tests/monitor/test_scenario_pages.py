@@ -164,9 +164,10 @@ def test_the_route_page_shows_app_e2e_beside_the_calculator_and_the_median_water
 def test_metrics_include_app_e2e(world, settings: Any) -> None:
     from monitor.pages import metrics
 
-    text = "".join(metrics.lines(timezone.now()))
-    assert "routewatch_app_e2e_seconds{" in text
-    assert 'quantile="0.5"' in text
+    body, _ = metrics.exposition("", timezone.now())
+    text = body.decode()
+    assert "# TYPE routewatch_app_e2e_seconds histogram" in text
+    assert "routewatch_app_e2e_seconds_bucket{" in text
 
 
 def test_the_admin_presets_make_scenarios(world, owner: User) -> None:
