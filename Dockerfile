@@ -10,7 +10,7 @@ COPY probes probes
 COPY simulator simulator
 RUN pip install --no-deps . && pip check
 COPY . .
-RUN SECRET_KEY=build FIELD_ENCRYPTION_KEYS=$(python -c "from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())") \
+RUN SECRET_KEY=$(python -c "import secrets; print(secrets.token_urlsafe(50))") FIELD_ENCRYPTION_KEYS=$(python -c "from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())") \
     DATABASE_URL=postgresql://build@localhost/build REDIS_URL=redis://localhost:6379/0 \
     python manage.py collectstatic --noinput
 RUN useradd --create-home routewatch

@@ -9,10 +9,10 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(LOCK) | cksum | cut -d'
 UV := $(VENV)/bin/uv
 LOCK_ARGS := --python-version 3.11 --python-platform linux --generate-hashes --custom-compile-command "make lock"
 # mypy's Django plugin imports the settings; it needs values, not servers.
-TYPECHECK_ENV := SECRET_KEY=typecheck FIELD_ENCRYPTION_KEYS=YWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWE= \
+TYPECHECK_ENV := SECRET_KEY=typecheck-typecheck-typecheck-typecheck-typecheck-typecheck FIELD_ENCRYPTION_KEYS=YWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWE= \
 	DATABASE_URL=postgresql://typecheck@localhost/typecheck REDIS_URL=redis://localhost:6379/0
 
-.PHONY: install lock run test lint typecheck pytest bench bench-simulator bench-probes bench-scale bench-pages vendor clean
+.PHONY: install lock run test lint typecheck pytest bench bench-simulator bench-probes bench-scenarios bench-scale bench-pages vendor clean
 
 $(STAMP): pyproject.toml $(LOCK)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -59,6 +59,10 @@ bench-simulator: $(STAMP)
 
 bench-probes: $(STAMP)
 	$(PY) bench/bench_probes.py
+
+# The engine's overhead per call of a sequential scenario, against a same-run raw-socket client.
+bench-scenarios: $(STAMP)
+	$(PY) bench/bench_scenarios.py $(ARGS)
 
 bench-scale: $(STAMP)
 	$(PY) -m devstack exec -- $(PY) bench/bench_scale.py $(ARGS)

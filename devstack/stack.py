@@ -112,7 +112,30 @@ DEMO_REGIONS = [("us-east", 20), ("eu-west", 90), ("ap-south", 220)]
 SIMULATOR_PORT = 8100
 
 
-def region_workers(env: dict[str, str], simulator_port: int) -> list[Child]:
+# What a region worker must not hold: it gets the broker and its own region's keys only.
+SERVER_ONLY_SECRETS = ("SECRET_KEY", "FIELD_ENCRYPTION_KEYS", "DATABASE_URL", "EMAIL_HOST_PASSWORD")
+
+
+def region_keys(env: dict[str, str]) -> dict[str, str]:
+    """A fresh key per demo region (the older ones deactivated): region slug -> the
+    RW_REGION_KEYS value its worker gets."""
+    keys = {}
+    for slug, _ in DEMO_REGIONS:
+        out = subprocess.run(
+            [PY, str(ROOT / "manage.py"), "region_key", "new", slug, "--replace"],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        keys[slug] = out.stdout.strip()
+    return keys
+
+
+def region_workers(
+    env: dict[str, str], simulator_port: int, keys: dict[str, str] | None = None
+) -> list[Child]:
+    keys = keys if keys is not None else region_keys(env)
     children = []
     for i, (slug, rtt_ms) in enumerate(DEMO_REGIONS, start=1):
         proxy_port = simulator_port + i
@@ -152,9 +175,12 @@ def region_workers(env: dict[str, str], simulator_port: int) -> list[Child]:
                     "2",
                 ],
                 env={
-                    # A region worker needs the broker only: no database at all.
+                    # A region worker needs the broker and its region's keys only: no
+                    # database, SECRET_KEY, mail password or master key.
+                    **dict.fromkeys(SERVER_ONLY_SECRETS, ""),
                     "RW_WORKER_ONLY": "true",
-                    "DATABASE_URL": "",
+                    "RW_REGION": slug,
+                    "RW_REGION_KEYS": keys[slug],
                     "RW_CONNECT_TO": f"127.0.0.1:{simulator_port}=127.0.0.1:{proxy_port}",
                 },
             )

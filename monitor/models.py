@@ -3,9 +3,12 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import json
+import secrets
 import socket
 from collections.abc import Iterable
+from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -16,9 +19,17 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 from django.utils import timezone
 
-from monitor.crypto import decrypt_secret, encrypt_secret
+from monitor.crypto import (
+    decrypt_bound,
+    decrypt_secret,
+    encrypt_bound,
+    encrypt_secret,
+    origin_of,
+)
+from monitor.limits import PROBE_TIMEOUT_MAX_S
 from probes.errors import Kind
 from probes.formats import PROTECTED_BODY_KEYS
+from probes.transport import address_allowed
 
 WIRE_OPENAI = "openai"
 WIRE_ANTHROPIC = "anthropic"
@@ -102,12 +113,79 @@ METRIC_E2E_P50 = "e2e_p50"
 METRIC_E2E_P95 = "e2e_p95"
 METRIC_TTFT_P50 = "ttft_p50"
 METRIC_TTFT_P95 = "ttft_p95"
+# Time to first answer token: for routes that reason, the first token the user can read (TTFT
+# of a reasoning route is its first thinking token).
+METRIC_TTFAT_P50 = "ttfat_p50"
+METRIC_TTFAT_P95 = "ttfat_p95"
+# Application end-to-end (scenario tasks): user action to validated result, every call of
+# the scenario and the work between them included.
+METRIC_APP_E2E_P50 = "app_e2e_p50"
+METRIC_APP_E2E_P95 = "app_e2e_p95"
+APP_E2E_METRICS = (METRIC_APP_E2E_P50, METRIC_APP_E2E_P95)
+METRIC_AUTO = ""  # the latency class's default (CLASS_DEFAULTS)
 LATENCY_METRICS = [
+    (METRIC_AUTO, "the latency class's default"),
     (METRIC_E2E_P50, "e2e p50"),
     (METRIC_E2E_P95, "e2e p95"),
     (METRIC_TTFT_P50, "TTFT p50"),
     (METRIC_TTFT_P95, "TTFT p95"),
+    (METRIC_TTFAT_P50, "time to first answer token p50"),
+    (METRIC_TTFAT_P95, "time to first answer token p95"),
+    (METRIC_APP_E2E_P50, "app e2e p50 (scenario tasks)"),
+    (METRIC_APP_E2E_P95, "app e2e p95 (scenario tasks)"),
 ]
+
+# The reference option set: the probes that rank routes. Other option probes feed the route
+# page's comparisons only, so changing a task's option mix never moves its winner.
+REF_AUTO = ""  # per option: warm, JSON, stable prefix, the best HTTP version the provider has
+HTTP_BEST = "best"
+
+
+@dataclass(frozen=True)
+class ClassDefaults:
+    """What a latency class means when the task leaves a setting empty (each is overridable
+    on the task). Interactive users wait for the first token: rank on its tail. Async and batch
+    users wait for the whole answer: rank on e2e; batch also prefers the cheaper of routes
+    tied within noise."""
+
+    metric: str
+    reasoning_metric: str  # when any of the task's routes reasons
+    max_error_rate: float
+    min_graded: int
+    ttft_p95_budget_ms: int | None
+    e2e_p95_budget_ms: int | None
+    prefer_cheaper: bool
+
+
+CLASS_DEFAULTS = {
+    CLASS_INTERACTIVE: ClassDefaults(
+        metric=METRIC_TTFT_P95,
+        reasoning_metric=METRIC_TTFAT_P95,
+        max_error_rate=0.02,
+        min_graded=20,
+        ttft_p95_budget_ms=2_000,
+        e2e_p95_budget_ms=None,
+        prefer_cheaper=False,
+    ),
+    CLASS_ASYNC: ClassDefaults(
+        metric=METRIC_E2E_P50,
+        reasoning_metric=METRIC_E2E_P50,
+        max_error_rate=0.05,
+        min_graded=20,
+        ttft_p95_budget_ms=None,
+        e2e_p95_budget_ms=30_000,
+        prefer_cheaper=False,
+    ),
+    CLASS_BATCH: ClassDefaults(
+        metric=METRIC_E2E_P50,
+        reasoning_metric=METRIC_E2E_P50,
+        max_error_rate=0.10,
+        min_graded=10,
+        ttft_p95_budget_ms=None,
+        e2e_p95_budget_ms=None,
+        prefer_cheaper=True,
+    ),
+}
 
 GRADER_EXACT = "exact"
 GRADER_CONTAINS = "contains"
@@ -174,7 +252,7 @@ def check_provider_url(url: str, *, allow_private: bool | None = None) -> None:
         raise ValidationError(f"The host {parts.hostname!r} does not resolve.") from None
     for info in infos:
         address = ipaddress.ip_address(info[4][0])
-        if not address.is_global:
+        if not address_allowed(str(address)):
             raise ValidationError(
                 f"{parts.hostname} resolves to a non-public address ({address}); "
                 "set PROVIDER_ALLOW_PRIVATE_NETWORKS=true to allow it."
@@ -189,6 +267,9 @@ class Provider(models.Model):
         help_text="For OpenAI format, the URL ending in /v1; for Anthropic, the URL before /v1.",
     )
     wire_format = models.CharField(max_length=20, choices=WIRE_FORMATS, default=WIRE_OPENAI)
+    # The admin preset it was made from (monitor.presets): its routes' default request settings
+    # and its name in LiteLLM's price file (manage.py import_prices). Blank: set up by hand.
+    preset = models.CharField(max_length=30, blank=True, default="")
     # Fernet token of the API key; the key itself is never stored, rendered or logged.
     api_key_encrypted = models.TextField(blank=True, default="", editable=False)
     extra_headers = models.JSONField(
@@ -218,6 +299,26 @@ class Provider(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """A new origin drops the stored key and the secret headers of this provider's routes
+        (they were entered for the old one), unless a key was entered for the new origin in
+        the same change. `secrets_cleared` says whether that happened (the admin asks for
+        the key again)."""
+        self.secrets_cleared = False
+        if self.pk is not None:
+            old = Provider.objects.filter(pk=self.pk).values_list("base_url", flat=True).first()
+            if old is not None and origin_of(old) != self.origin:
+                if getattr(self, "_key_origin", None) != self.origin and self.api_key_encrypted:
+                    self.api_key_encrypted = ""
+                    self.secrets_cleared = True
+                    if "update_fields" in kwargs and kwargs["update_fields"] is not None:
+                        kwargs["update_fields"] = {*kwargs["update_fields"], "api_key_encrypted"}
+                routes = Route.objects.filter(provider_id=self.pk).exclude(
+                    secret_headers_encrypted=""
+                )
+                self.secrets_cleared |= routes.update(secret_headers_encrypted="") > 0
+        super().save(*args, **kwargs)
+
     def clean(self) -> None:
         check_provider_url(self.base_url)
         if not isinstance(self.extra_headers, dict) or not all(
@@ -236,11 +337,21 @@ class Provider(models.Model):
         )
 
     def set_api_key(self, plaintext: str) -> None:
-        self.api_key_encrypted = encrypt_secret(plaintext) if plaintext else ""
+        """Store the key encrypted, bound to the origin of the current base URL (it is only
+        ever sent there: monitor.crypto.decrypt_bound)."""
+        self.api_key_encrypted = encrypt_bound(self.origin, plaintext) if plaintext else ""
+        self._key_origin = self.origin
 
     def get_api_key(self) -> str:
-        """The decrypted key; raises ApiKeyDecryptionError rather than return ciphertext."""
-        return decrypt_secret(self.api_key_encrypted) if self.api_key_encrypted else ""
+        """The decrypted key; raises ApiKeyDecryptionError rather than return ciphertext, and
+        KeyOriginMismatch for a key entered for another origin."""
+        if not self.api_key_encrypted:
+            return ""
+        return decrypt_bound(self.api_key_encrypted, self.base_url, accept_unbound=True)
+
+    @property
+    def origin(self) -> str:
+        return origin_of(self.base_url)
 
 
 class Route(models.Model):
@@ -252,6 +363,15 @@ class Route(models.Model):
     )
     price_output_per_mtok = models.DecimalField(
         "$ / M output tokens", max_digits=12, decimal_places=4, default=Decimal("0")
+    )
+    price_cached_input_per_mtok = models.DecimalField(
+        "$ / M cached input tokens",
+        max_digits=12,
+        decimal_places=4,
+        null=True,
+        blank=True,
+        help_text="Input tokens the provider reports as read from its prompt cache. "
+        "Empty: charged at the input price.",
     )
     quality_index = models.FloatField(
         null=True,
@@ -357,13 +477,36 @@ class Route(models.Model):
         return bool(self.secret_headers_encrypted)
 
     def set_secret_headers(self, headers: dict[str, str]) -> None:
+        """Stored encrypted, bound to the provider's origin like its API key."""
         self.secret_headers_encrypted = (
-            encrypt_secret(json.dumps(headers, separators=(",", ":"))) if headers else ""
+            encrypt_bound(self.provider.origin, json.dumps(headers, separators=(",", ":")))
+            if headers
+            else ""
         )
 
-    def cost_usd(self, input_tokens: int, output_tokens: int) -> Decimal:
+    @property
+    def reasons(self) -> bool:
+        """Does this route think before it answers (its first token may not be the answer's)?"""
+        return bool(
+            self.reasoning_effort
+            or self.thinking_budget_tokens
+            or self.token_limit_param == TOKEN_LIMIT_MAX_COMPLETION_TOKENS
+        )
+
+    def cost_usd(
+        self, input_tokens: int, output_tokens: int, cached_tokens: int | None = None
+    ) -> Decimal:
+        """What a call costs. `input_tokens` counts all input, cached or not (as every wire
+        format reports it, probes.formats); the cached part is charged at the cached-input
+        price where one is set. Cache writes (Anthropic's) are charged at the input price."""
+        cached = min(max(cached_tokens or 0, 0), input_tokens)
+        if self.price_cached_input_per_mtok is None:
+            cached = 0
+        cached_price = self.price_cached_input_per_mtok or Decimal("0")
         return (
-            self.price_input_per_mtok * input_tokens + self.price_output_per_mtok * output_tokens
+            self.price_input_per_mtok * (input_tokens - cached)
+            + cached_price * cached
+            + self.price_output_per_mtok * output_tokens
         ) / Decimal(1_000_000)
 
 
@@ -386,6 +529,45 @@ class Region(models.Model):
     @property
     def queue_name(self) -> str:
         return f"probes.{self.slug}"
+
+
+class RegionKey(models.Model):
+    """A secret shared by the beat and one region's workers (monitor.pipeline.signing): it
+    signs what travels between them and encrypts the provider keys sent to that region.
+    Several may be active at once, so a key can be rotated with overlap: give the workers the
+    new key, add it here (the newest active key signs), then deactivate the old one."""
+
+    region = models.ForeignKey(Region, on_delete=models.CASCADE, related_name="keys")
+    key_id = models.CharField(max_length=40, unique=True, editable=False)
+    # Fernet token (FIELD_ENCRYPTION_KEYS) of the secret; write-only in the admin.
+    secret_encrypted = models.TextField(editable=False)
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["region", "-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.region_id}:{self.key_id}"
+
+    @staticmethod
+    def new_key_id() -> str:
+        return secrets.token_hex(8)
+
+    @classmethod
+    def issue(cls, region: Region) -> tuple[RegionKey, str]:
+        """A new active key for the region, and its secret (shown once, stored encrypted)."""
+        secret = secrets.token_urlsafe(32)
+        key = cls(region=region, key_id=cls.new_key_id())
+        key.set_secret(secret)
+        key.save()
+        return key, secret
+
+    def set_secret(self, secret: str) -> None:
+        self.secret_encrypted = encrypt_secret(secret)
+
+    def get_secret(self) -> str:
+        return decrypt_secret(self.secret_encrypted)
 
 
 def _default_http_versions() -> list[str]:
@@ -419,13 +601,74 @@ class Task(models.Model):
     latency_class = models.CharField(
         max_length=20, choices=LATENCY_CLASSES, default=CLASS_INTERACTIVE
     )
-    ttft_p95_budget_ms = models.PositiveIntegerField("TTFT p95 budget (ms)", null=True, blank=True)
-    e2e_p95_budget_ms = models.PositiveIntegerField("e2e p95 budget (ms)", null=True, blank=True)
+    ttft_p95_budget_ms = models.PositiveIntegerField(
+        "TTFT p95 budget (ms)",
+        null=True,
+        blank=True,
+        help_text="Empty: the latency class's default (interactive 2,000 ms). Held against time "
+        "to first answer token when the task ranks on it.",
+    )
+    e2e_p95_budget_ms = models.PositiveIntegerField(
+        "e2e p95 budget (ms)",
+        null=True,
+        blank=True,
+        help_text="Empty: the latency class's default (async 30,000 ms).",
+    )
     latency_metric = models.CharField(
         max_length=20,
         choices=LATENCY_METRICS,
-        default=METRIC_E2E_P50,
-        help_text="What 'fastest' means for this task.",
+        default=METRIC_AUTO,
+        blank=True,
+        help_text="What 'fastest' means for this task. Empty: the latency class's default "
+        "(interactive: TTFT p95, or time to first answer token p95 when a route reasons; "
+        "async and batch: e2e p50).",
+    )
+    max_error_rate = models.FloatField(
+        "maximum error rate",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.0), MaxValueValidator(1.0)],
+        help_text="Availability bar (0 to 1): a route failing more often than this in a region "
+        "does not qualify there. Errors that are ours (configuration, engine, missed slots) "
+        "never count. Empty: the latency class's default (interactive 2%, async 5%, batch 10%).",
+    )
+    min_graded = models.PositiveIntegerField(
+        "minimum graded probes",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Graded probes a route needs before its pass rate is judged. Empty: the "
+        "latency class's default (interactive and async 20, batch 10).",
+    )
+    ttft_budget_on_answer = models.BooleanField(
+        "TTFT budget counts the first answer token",
+        null=True,
+        blank=True,
+        help_text="Hold the TTFT budget against the first answer token instead of the first "
+        "token (thinking included). Empty: yes when one of the task's routes reasons.",
+    )
+    reference_http_version = models.CharField(
+        "reference HTTP version",
+        max_length=5,
+        blank=True,
+        default=REF_AUTO,
+        choices=[(REF_AUTO, "the best the provider supports"), *HTTP_VERSIONS],
+        help_text="The reference option set ranks routes; other option probes feed comparisons.",
+    )
+    reference_connection_mode = models.CharField(
+        max_length=10,
+        blank=True,
+        default=REF_AUTO,
+        choices=[(REF_AUTO, "warm"), *CONNECTION_MODES],
+    )
+    reference_body_encoding = models.CharField(
+        max_length=20, blank=True, default=REF_AUTO, choices=[(REF_AUTO, "JSON"), *BODY_ENCODINGS]
+    )
+    reference_prefix_mode = models.CharField(
+        max_length=10,
+        blank=True,
+        default=REF_AUTO,
+        choices=[(REF_AUTO, "stable prefix"), *PREFIX_MODES],
     )
     min_pass_rate = models.FloatField(
         null=True,
@@ -444,7 +687,8 @@ class Task(models.Model):
     probe_timeout_s = models.PositiveIntegerField(
         "probe deadline (s)",
         default=180,
-        validators=[MinValueValidator(5), MaxValueValidator(3600)],
+        # The longest one allowed bounds the region tasks' time limits (monitor.limits).
+        validators=[MinValueValidator(5), MaxValueValidator(PROBE_TIMEOUT_MAX_S)],
         help_text="Total wall-clock bound of one probe; a slot with no result by then plus a "
         "minute of grace is recorded as missed.",
     )
@@ -484,6 +728,120 @@ class Task(models.Model):
         for field in ("http_versions", "body_encodings", "connection_modes", "prefix_modes"):
             if not getattr(self, field):
                 raise ValidationError({field: "Pick at least one."})
+        for field, options in (
+            ("reference_http_version", self.http_versions),
+            ("reference_connection_mode", self.connection_modes),
+            ("reference_body_encoding", self.body_encodings),
+            ("reference_prefix_mode", self.prefix_modes),
+        ):
+            chosen = getattr(self, field)
+            if chosen and chosen not in options:
+                raise ValidationError({field: "The reference must be one of the task's options."})
+
+    @property
+    def defaults(self) -> ClassDefaults:
+        return CLASS_DEFAULTS.get(self.latency_class, CLASS_DEFAULTS[CLASS_INTERACTIVE])
+
+    def ranking_metric(self, routes: Iterable[Route] | None = None) -> str:
+        """The metric that ranks routes: the task's own, or its class's default (time to first
+        answer token for an interactive task whose routes reason)."""
+        if self.is_scenario:
+            # A scenario's user waits for the whole sequence: it ranks on app e2e (its tail
+            # for interactive tasks), whatever single-call metric is set.
+            if self.latency_metric in APP_E2E_METRICS:
+                return self.latency_metric
+            return (
+                METRIC_APP_E2E_P95
+                if self.latency_class == CLASS_INTERACTIVE
+                else METRIC_APP_E2E_P50
+            )
+        if self.latency_metric:
+            return self.latency_metric
+        reasoning = any(r.reasons for r in (self.routes.all() if routes is None else routes))
+        return self.defaults.reasoning_metric if reasoning else self.defaults.metric
+
+    @property
+    def is_scenario(self) -> bool:
+        """A task with steps is a scenario: each slot runs them all (probes.scenario)."""
+        prefetched = getattr(self, "_prefetched_objects_cache", {})
+        if "steps" in prefetched:
+            return bool(prefetched["steps"])
+        return self.pk is not None and self.steps.exists()
+
+    def ttft_budget_metric(self, routes: Iterable[Route] | None = None) -> str:
+        """What the TTFT p95 budget is held against: TTFT, or time to first answer token."""
+        on_answer = self.ttft_budget_on_answer
+        if on_answer is None:
+            on_answer = any(r.reasons for r in (self.routes.all() if routes is None else routes))
+        return METRIC_TTFAT_P95 if on_answer else METRIC_TTFT_P95
+
+    def error_ceiling(self) -> float:
+        return (
+            self.max_error_rate if self.max_error_rate is not None else self.defaults.max_error_rate
+        )
+
+    def graded_needed(self) -> int:
+        return self.min_graded if self.min_graded is not None else self.defaults.min_graded
+
+    def reference(self, provider: Provider) -> tuple[str, str, str, str]:
+        """The reference option set (HTTP version, body, connection, prefix) for a provider's
+        routes. Each option is the task's choice, else the preferred value (the best HTTP
+        version the provider supports, JSON, warm, stable prefix) when the task probes it, else
+        the task's first option of that kind; never one the provider cannot take."""
+
+        def pick(chosen: str, preferred: str, options: list[str]) -> str:
+            if chosen in options:
+                return chosen
+            return preferred if preferred in options else options[0]
+
+        https = [v for v in self.http_versions if provider.supports(http2=v == HTTP_2)]
+        bodies = [b for b in self.body_encodings if provider.supports(body_encoding=b)]
+        http = self.reference_http_version
+        return (
+            pick("" if http == HTTP_BEST else http, HTTP_2, https or [HTTP_1_1]),
+            pick(self.reference_body_encoding, BODY_JSON, bodies or [BODY_JSON]),
+            pick(
+                self.reference_connection_mode,
+                CONN_WARM,
+                list(self.connection_modes) or [CONN_WARM],
+            ),
+            pick(
+                self.reference_prefix_mode,
+                PREFIX_STABLE,
+                list(self.prefix_modes) or [PREFIX_STABLE],
+            ),
+        )
+
+    def reference_label(self) -> str:
+        """The reference option set in words (the HTTP version depends on the provider)."""
+        http = self.reference_http_version
+        labels = dict(HTTP_VERSIONS + CONNECTION_MODES + BODY_ENCODINGS + PREFIX_MODES)
+        parts = [
+            labels[http]
+            if http in (HTTP_1_1, HTTP_2)
+            else "the best HTTP version each provider supports",
+            labels.get(self.reference_connection_mode, "warm") + " connection"
+            if self.reference_connection_mode
+            else "warm connection",
+            labels.get(self.reference_body_encoding, "JSON") + " body"
+            if self.reference_body_encoding
+            else "JSON body",
+            labels.get(self.reference_prefix_mode, "stable prefix")
+            if self.reference_prefix_mode
+            else "stable prefix",
+        ]
+        return ", ".join(parts)
+
+    def is_reference(
+        self, provider: Provider, *, http2: bool, body_encoding: str, cold: bool, prefix_mode: str
+    ) -> bool:
+        """Was a probe with these options one of the reference set's (Task.reference)?"""
+        return self.reference(provider) == (
+            HTTP_2 if http2 else HTTP_1_1,
+            body_encoding,
+            CONN_COLD if cold else CONN_WARM,
+            prefix_mode,
+        )
 
     def stale_after(self) -> dt.timedelta:
         """No result for this long means the figures are stale: three intervals, or one interval
@@ -500,10 +858,14 @@ class Task(models.Model):
 
     def budget_ms(self, metric: str) -> int | None:
         """The latency budget set on a metric (ttft_p95, e2e_p95); None for other metrics."""
-        if metric == METRIC_TTFT_P95:
-            return self.ttft_p95_budget_ms
+        if metric in (METRIC_TTFT_P95, METRIC_TTFAT_P95):
+            if self.ttft_p95_budget_ms is not None:
+                return self.ttft_p95_budget_ms
+            return self.defaults.ttft_p95_budget_ms
         if metric == METRIC_E2E_P95:
-            return self.e2e_p95_budget_ms
+            if self.e2e_p95_budget_ms is not None:
+                return self.e2e_p95_budget_ms
+            return self.defaults.e2e_p95_budget_ms
         return None
 
     def budget_status(self, metric: str, value_ms: float | None) -> str:
@@ -598,6 +960,9 @@ class ProbeResult(models.Model):
     cold = models.BooleanField(default=False)
     prefix_mode = models.CharField(max_length=10, choices=PREFIX_MODES, default=PREFIX_STABLE)
     max_tokens = models.PositiveIntegerField(null=True, blank=True)
+    # Probed with the task's reference option set (Task.reference) when it ran: only these
+    # rank routes (set at ingest).
+    reference = models.BooleanField(default=False, db_default=False)
 
     # connection and transfer
     dns_ms = models.FloatField(null=True, blank=True)
@@ -650,6 +1015,19 @@ class ProbeResult(models.Model):
     text = models.TextField(blank=True)
     quality_pass = models.BooleanField(null=True, blank=True)
     cost_usd = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
+    # One call of a scenario (its slot is the scenario's: slot_at stays null here), and the
+    # index of its step (0-based).
+    scenario = models.ForeignKey["ScenarioResult | None", "ScenarioResult | None"](
+        "ScenarioResult",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        default=None,
+        db_default=None,
+        related_name="calls",
+        db_index=False,  # result_scenario_calls: scenario calls only, not every probe
+    )
+    step = models.PositiveSmallIntegerField(null=True, blank=True, default=None, db_default=None)
 
     class Meta:
         indexes = [
@@ -660,6 +1038,13 @@ class ProbeResult(models.Model):
             # last 24 h. No percentile is computed from raw rows (rollups hold them), so the
             # index carries no measurement columns: a third of the size it was, cheaper ingest.
             models.Index(fields=["route", "started_at"], name="result_route_started"),
+            # A scenario's calls (its waterfall, deleting it): partial, so single probes (the
+            # bulk of the table) write nothing to it.
+            models.Index(
+                fields=["scenario"],
+                name="result_scenario_calls",
+                condition=models.Q(scenario__isnull=False),
+            ),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -784,7 +1169,16 @@ class Rollup(models.Model):
     ttft_pcts = _row_percentiles("ttft_hist", 1.0)
     e2e_pcts = _row_percentiles("e2e_hist", 1.0)
     tps_pcts = _row_percentiles("tps_hist", 0.1)
+    ttfat_hist = ArrayField(models.IntegerField(), default=list, db_default=[])
+    # The reference option set's probes only (ProbeResult.reference): what ranks routes.
+    ref_ttft_hist = ArrayField(models.IntegerField(), default=list, db_default=[])
+    ref_ttfat_hist = ArrayField(models.IntegerField(), default=list, db_default=[])
+    ref_e2e_hist = ArrayField(models.IntegerField(), default=list, db_default=[])
+    # Scenario tasks: app e2e of each successful scenario (always the reference options).
+    app_e2e_hist = ArrayField(models.IntegerField(), default=list, db_default=[])
     last_probe_at = models.DateTimeField(null=True)
+    # The last successful probe: a route whose probes all fail is failing, not fresh.
+    last_ok_at = models.DateTimeField(null=True)
 
     class Meta:
         constraints = [
@@ -884,6 +1278,108 @@ class RaceRun(models.Model):
 
     def __str__(self) -> str:
         return f"race {self.task_id}@{self.region_id} {self.started_at:%Y-%m-%d %H:%M:%S}"
+
+
+STEP_SEQUENTIAL = "sequential"
+STEP_FAN_OUT = "fan-out"
+STEP_KINDS = [(STEP_SEQUENTIAL, "one call"), (STEP_FAN_OUT, "fan-out (calls in parallel)")]
+
+
+class ScenarioStep(models.Model):
+    """One step of a scenario task: a call (or a fan-out of parallel calls) on the route being
+    probed. A task with steps is a scenario; its slots run every step (probes.scenario), then
+    validate the final answer with the task's eval case."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="steps")
+    order = models.PositiveIntegerField(default=0)
+    kind = models.CharField(max_length=10, choices=STEP_KINDS, default=STEP_SEQUENTIAL)
+    fan_out = models.PositiveIntegerField(
+        default=1,
+        validators=[MinValueValidator(1), MaxValueValidator(32)],
+        help_text="Calls in parallel (fan-out steps); the step waits for the slowest.",
+    )
+    prompt_template = models.TextField(
+        help_text="{previous}: the previous step's answer; {input}: the eval case's input; "
+        "{step}, {branch}: the step's and fan-out branch's numbers."
+    )
+    input_tokens = models.PositiveIntegerField(
+        default=0,
+        help_text="A stable document of this many tokens before the conversation (the same in "
+        "every step, so a prompt cache can serve it).",
+    )
+    max_tokens = models.PositiveIntegerField(default=256, validators=[MinValueValidator(1)])
+    carry_context = models.BooleanField(
+        default=True,
+        help_text="Send the conversation so far (earlier steps' prompts and answers) first.",
+    )
+    timeout_s = models.PositiveIntegerField(
+        "call deadline (s)",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Each call's deadline; empty: what is left of the scenario's (the task's "
+        "probe deadline).",
+    )
+
+    class Meta:
+        ordering = ["task", "order", "pk"]
+
+    def __str__(self) -> str:
+        return f"{self.task.name}: step {self.order}"
+
+    def clean(self) -> None:
+        try:
+            self.prompt_template.replace("{input}", "").format(previous="", step=1, branch=1)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValidationError(
+                {
+                    "prompt_template": f"Only {{previous}}, {{input}}, {{step}} and {{branch}} "
+                    f"may be used ({exc.__class__.__name__}: {exc})."
+                }
+            ) from None
+        if self.kind == STEP_SEQUENTIAL and self.fan_out != 1:
+            raise ValidationError({"fan_out": "A one-call step has a fan-out of 1."})
+
+
+class ScenarioResult(models.Model):
+    """One scenario slot's result: the application's end-to-end time and its calls (the
+    ProbeResult rows whose `scenario` is this one)."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="scenario_results")
+    route = models.ForeignKey(Route, on_delete=models.CASCADE, related_name="scenario_results")
+    region = models.ForeignKey(Region, on_delete=models.CASCADE, related_name="scenario_results")
+    slot_at = models.DateTimeField()
+    started_at = models.DateTimeField(default=timezone.now)
+    # User action to validated result (to the failure, for a failed scenario).
+    app_e2e_ms = models.FloatField(null=True, blank=True)
+    calls_e2e_ms = models.FloatField(null=True, blank=True)
+    gaps_ms = ArrayField(models.FloatField(), default=list, blank=True)
+    outcome = models.CharField(max_length=10, choices=OUTCOMES, default=OUTCOME_OK)
+    failed_step = models.PositiveSmallIntegerField(null=True, blank=True)  # 0-based
+    error_kind = models.CharField(max_length=30, choices=ERROR_KINDS, blank=True)
+    error_detail = models.CharField(max_length=500, blank=True)
+    validation_ms = models.FloatField(null=True, blank=True)
+    validation_pass = models.BooleanField(null=True, blank=True)
+    eval_case = models.ForeignKey(EvalCase, on_delete=models.SET_NULL, null=True, blank=True)
+    call_count = models.PositiveIntegerField(default=0)
+    input_tokens = models.PositiveIntegerField(default=0)
+    output_tokens = models.PositiveIntegerField(default=0)
+    cached_tokens = models.PositiveIntegerField(null=True, blank=True)
+    cost_usd = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["task", "route", "region", "slot_at"], name="scenario_one_per_slot"
+            )
+        ]
+        indexes = [
+            # Route page: the median scenario of one route over the last day.
+            models.Index(fields=["route", "started_at"], name="scenario_route_started"),
+        ]
+
+    def __str__(self) -> str:
+        return f"scenario {self.task_id}/{self.route_id}/{self.region_id} {self.outcome}"
 
 
 MONDAY, TUESDAY, WEDNESDAY, THURSDAY, FRIDAY, SATURDAY, SUNDAY = range(7)
@@ -995,3 +1491,45 @@ class Subscription(models.Model):
         on or off sets the next send time; other edits keep it, and a pending retry with it."""
         if self.pk is None or SCHEDULE_FIELDS & set(changed_fields):
             self.reschedule(now)
+
+
+class WinnerChange(models.Model):
+    """When and why the fastest qualifying route of a task in a region changed (route None:
+    no route qualifies). The latest row per (task, region) is the incumbent, which a
+    challenger replaces only when faster with confidence (monitor.stats.selection)."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="winner_changes")
+    region = models.ForeignKey(Region, on_delete=models.CASCADE, related_name="winner_changes")
+    route = models.ForeignKey(
+        Route, on_delete=models.CASCADE, null=True, blank=True, related_name="winner_changes"
+    )
+    previous = models.ForeignKey(
+        Route, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    at = models.DateTimeField(default=timezone.now)
+    reason = models.CharField(max_length=300)
+
+    class Meta:
+        ordering = ["-at", "-pk"]
+        indexes = [models.Index(fields=["task", "region", "-at"], name="winner_task_region_at")]
+
+    def __str__(self) -> str:
+        return f"{self.task} @ {self.region}: {self.route or 'none'} since {self.at:%Y-%m-%d %H:%M}"
+
+
+class ApiToken(models.Model):
+    """A read-only token for the application API (/api/v1/). Only its SHA-256 is stored; the
+    token itself is shown once, when an admin creates it."""
+
+    name = models.CharField(max_length=100, help_text="Who uses it, e.g. 'checkout gateway'.")
+    prefix = models.CharField(max_length=12, editable=False, help_text="To recognise it.")
+    digest = models.CharField(max_length=64, unique=True, editable=False)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    is_active = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"

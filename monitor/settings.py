@@ -7,15 +7,18 @@ DATABASE_URL / REDIS_URL for the processes it starts; these settings never impor
 
 from __future__ import annotations
 
+import secrets
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import dj_database_url
 import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 
+from monitor import limits
 from monitor.crypto import fernet_key_is_valid
 from monitor.env import ConfigError, envbool, envint, envlist, envsecret, envstr
 
@@ -39,21 +42,40 @@ try:
     # Region workers: "host:port=host:port,..." sends a provider's traffic through another
     # address (the demo's per-region delay proxies), like curl --connect-to.
     CONNECT_TO = envlist("RW_CONNECT_TO", [])
-    REDIS_URL = envstr("REDIS_URL")
+    REDIS_URL = envsecret("REDIS_URL")
+    # A region worker holds no SECRET_KEY, database, mail or master key: its region's own
+    # secrets (RW_REGION_KEYS, "key_id:secret,...") authenticate what it is sent and open
+    # the provider keys the beat re-encrypted for it (monitor.pipeline.signing).
+    RW_REGION = envstr("RW_REGION")
+    RW_REGION_KEYS = envsecret("RW_REGION_KEYS")
     SECRET_KEY = envsecret("SECRET_KEY")
     ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["localhost", "127.0.0.1"])
-    CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
     SITE_URL = envstr("SITE_URL", "http://localhost:8000").rstrip("/")
+    CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
+    # Behind a TLS-terminating proxy that sets X-Forwarded-Proto (and strips it from clients).
+    BEHIND_TLS_PROXY = envbool("BEHIND_TLS_PROXY", False)
+    SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 0, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = envbool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+    SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", False)
     TIME_ZONE = envstr("TIME_ZONE", "UTC")
     FIELD_ENCRYPTION_KEYS = [
         k.strip() for k in envsecret("FIELD_ENCRYPTION_KEYS").split(",") if k.strip()
     ]
+    # Login throttling (django-axes): this many wrong passwords lock the user name out for
+    # AXES_COOLOFF_MINUTES.
+    AXES_FAILURE_LIMIT = envint("AXES_FAILURE_LIMIT", 5, minimum=1)
+    _axes_cooloff_minutes = envint("AXES_COOLOFF_MINUTES", 30, minimum=1)
     CONN_MAX_AGE = envint("DB_CONN_MAX_AGE", 60, minimum=0)
     PUBLIC_READONLY_PAGES = envbool("PUBLIC_READONLY_PAGES", False)
     # Dashboard pages: how often the overview refreshes itself; /metrics bearer token for
     # Prometheus scrapers (empty: /metrics follows the same login rule as the pages).
     DASHBOARD_REFRESH_SECONDS = envint("DASHBOARD_REFRESH_SECONDS", 15, minimum=1, maximum=3600)
     METRICS_BEARER_TOKEN = envsecret("METRICS_BEARER_TOKEN")
+    # OTLP/HTTP export of each stored probe as OpenTelemetry GenAI metrics, from ingest
+    # (monitor.pipeline.genai_otlp); off unless one of these is set. The SDK reads the rest
+    # (OTEL_EXPORTER_OTLP_HEADERS, OTEL_METRIC_EXPORT_INTERVAL, OTEL_SERVICE_NAME, ...).
+    OTEL_EXPORTER_OTLP_ENDPOINT = envstr("OTEL_EXPORTER_OTLP_ENDPOINT")
+    OTEL_EXPORTER_OTLP_METRICS_ENDPOINT = envstr("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
     # Exports stream at most this many rows (a bound on one request's work).
     EXPORT_MAX_ROWS = envint("EXPORT_MAX_ROWS", 100_000, minimum=1)
     PROVIDER_ALLOW_PRIVATE_NETWORKS = envbool("PROVIDER_ALLOW_PRIVATE_NETWORKS", False)
@@ -63,6 +85,24 @@ try:
     SLOT_GRACE_SECONDS = envint("SLOT_GRACE_SECONDS", 60, minimum=1)
     CELERY_TASK_SOFT_TIME_LIMIT = envint("CELERY_TASK_SOFT_TIME_LIMIT", 300, minimum=1)
     CELERY_TASK_TIME_LIMIT = envint("CELERY_TASK_TIME_LIMIT", 360, minimum=1)
+    # Ingest: a database error is retried this many times with exponential backoff (1 s, 2 s,
+    # ... up to INGEST_RETRY_BACKOFF_MAX_S); then the message is parked in the dead-letter list
+    # (the status page shows it; `manage.py replay_dead_letters` or its button replays it).
+    INGEST_RETRY_MAX = envint("INGEST_RETRY_MAX", 12, minimum=0, maximum=100)
+    INGEST_RETRY_BACKOFF_MAX_S = envint(
+        "INGEST_RETRY_BACKOFF_MAX_S",
+        limits.INGEST_RETRY_BACKOFF_MAX_S,
+        minimum=1,
+        maximum=limits.INGEST_RETRY_BACKOFF_MAX_S,
+    )
+    DEAD_LETTER_MAX = envint("DEAD_LETTER_MAX", 10_000, minimum=1)
+    # Region workers: results that cannot be published (broker down) wait in this directory,
+    # at most this many batches and bytes (the oldest are dropped, with a counted log line),
+    # and are published again every RW_SPOOL_RETRY_SECONDS and before each new batch.
+    SPOOL_DIR = Path(envstr("RW_SPOOL_DIR") or str(VAR_DIR / "spool"))
+    SPOOL_MAX_BATCHES = envint("RW_SPOOL_MAX_BATCHES", 2000, minimum=1)
+    SPOOL_MAX_BYTES = envint("RW_SPOOL_MAX_BYTES", 256 * 1024 * 1024, minimum=1024)
+    SPOOL_RETRY_SECONDS = envint("RW_SPOOL_RETRY_SECONDS", 15, minimum=1, maximum=3600)
     EMAIL_BACKEND = envstr("EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
     EMAIL_HOST = envstr("EMAIL_HOST", "localhost")
     EMAIL_PORT = envint("EMAIL_PORT", 25, minimum=1, maximum=65535)
@@ -80,8 +120,18 @@ try:
 except ConfigError as exc:
     raise _fail(str(exc)) from None
 
+# Values a deployment must replace (the .env.example placeholders, and the like).
+_PLACEHOLDERS = ("change-me", "changeme", "replace-me", "your-secret", "secret-key")
+if WORKER_ONLY and not SECRET_KEY:
+    # A region worker signs nothing with it; Django still wants one.
+    SECRET_KEY = secrets.token_urlsafe(50)
 if not SECRET_KEY:
     raise _fail("SECRET_KEY is not set (make run and make test create one under ./var).")
+if len(SECRET_KEY) < 50 or any(p in SECRET_KEY.lower() for p in _PLACEHOLDERS):
+    raise _fail(
+        "SECRET_KEY is a placeholder or shorter than 50 characters. Make one with: "
+        'python -c "import secrets; print(secrets.token_urlsafe(50))"'
+    )
 if not _database_url and not WORKER_ONLY:
     raise _fail(
         "DATABASE_URL is not set. "
@@ -106,15 +156,28 @@ except (ZoneInfoNotFoundError, ValueError):
     ) from None
 if not SITE_URL.startswith(("http://", "https://")):
     raise _fail(f"SITE_URL must start with http:// or https://, got {SITE_URL!r}")
+# The dashboard's own origin is trusted for CSRF (a login behind a TLS-terminating proxy).
+_site_origin = "{0.scheme}://{0.netloc}".format(urlsplit(SITE_URL))
+if _site_origin not in CSRF_TRUSTED_ORIGINS:
+    CSRF_TRUSTED_ORIGINS.append(_site_origin)
+if BEHIND_TLS_PROXY:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 # API keys of providers are encrypted with the first key; the others still decrypt (rotation).
-if not FIELD_ENCRYPTION_KEYS:
+# A region worker has none: it opens only what the beat re-encrypted for its region.
+if WORKER_ONLY:
+    if not RW_REGION or not RW_REGION_KEYS:
+        raise _fail(
+            "a region worker (RW_WORKER_ONLY=true) needs RW_REGION (its region's slug) and "
+            "RW_REGION_KEYS (key_id:secret, from `manage.py region_key new <slug>`)."
+        )
+elif not FIELD_ENCRYPTION_KEYS:
     raise _fail(
         "FIELD_ENCRYPTION_KEYS is not set. Make one with: "
         'python -c "from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())"'
     )
 for _position, _key in enumerate(FIELD_ENCRYPTION_KEYS, start=1):
-    if not fernet_key_is_valid(_key):
+    if any(p in _key.lower() for p in _PLACEHOLDERS) or not fernet_key_is_valid(_key):
         raise _fail(
             f"FIELD_ENCRYPTION_KEYS entry {_position} is not a Fernet key "
             "(32 url-safe base64-encoded bytes)."
@@ -149,10 +212,25 @@ INSTALLED_APPS = [
     "django.contrib.humanize",
     "django_htmx",
     "template_partials",
+    "axes",
     "monitor",
 ]
 
+AUTHENTICATION_BACKENDS = [
+    # First: refuses a locked-out user name before any password is checked.
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Lock out by user name: an attacker who changes address still gets AXES_FAILURE_LIMIT tries.
+AXES_LOCKOUT_PARAMETERS = ["username"]
+AXES_COOLOFF_TIME = _axes_cooloff_minutes / 60  # hours
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+AXES_VERBOSE = False
+
 MIDDLEWARE = [
+    # Before anything that validates the Host header: compose healthchecks ask 127.0.0.1.
+    "monitor.middleware.HealthzMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -163,6 +241,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "monitor.middleware.ContentSecurityPolicyMiddleware",
+    # Last: turns a lockout from the authentication backend into the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "monitor.urls"
@@ -211,7 +291,10 @@ LOGIN_REDIRECT_URL = "rw-overview"
 LOGOUT_REDIRECT_URL = "login"
 
 SESSION_COOKIE_HTTPONLY = True
-SESSION_COOKIE_SECURE = SITE_URL.startswith("https://")
+try:
+    SESSION_COOKIE_SECURE = envbool("SECURE_COOKIES", SITE_URL.startswith("https://"))
+except ConfigError as exc:
+    raise _fail(str(exc)) from None
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
@@ -229,17 +312,33 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_TASK_TIME_LIMIT * 2}
+# Derived from the longest probe deadline (monitor.limits), like the region tasks' limits.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": limits.VISIBILITY_TIMEOUT_S}
 CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_TASK_ROUTES = {
     "monitor.tasks.ingest_results": {"queue": "ingest"},
     "monitor.tasks.ingest_race": {"queue": "ingest"},
+    "monitor.tasks.ingest_scenario": {"queue": "ingest"},
 }
+# Every periodic task expires by its next run: during an outage of its worker, ticks do not
+# pile up in the queue to run all at once when it returns (the next one does the work).
 CELERY_BEAT_SCHEDULE = {
-    "tick": {"task": "monitor.tasks.tick", "schedule": float(TICK_SECONDS)},
-    "retention": {"task": "monitor.tasks.delete_old_results", "schedule": 3600.0},
+    "tick": {
+        "task": "monitor.tasks.tick",
+        "schedule": float(TICK_SECONDS),
+        "options": {"expires": float(TICK_SECONDS)},
+    },
+    "retention": {
+        "task": "monitor.tasks.delete_old_results",
+        "schedule": 3600.0,
+        "options": {"expires": 3600.0},
+    },
     # Digests go out at a chosen local hour; a few minutes late is fine, and cheap to ask.
-    "digests": {"task": "monitor.tasks.send_digests", "schedule": 300.0},
+    "digests": {
+        "task": "monitor.tasks.send_digests",
+        "schedule": 300.0,
+        "options": {"expires": 300.0},
+    },
     # The overview snapshot is rebuilt twice per dashboard refresh (monitor.pages.overview).
     "overview": {
         "task": "monitor.tasks.refresh_overview",

@@ -231,7 +231,11 @@ async def _attempt(
         else None
     )
     client = cold_client or warm_clients.acquire(origin, spec.http2, spec.verify)
-    phases = Phases(allow_private=spec.allow_private, connect_to=spec.connect_to)
+    phases = Phases(
+        allow_private=spec.allow_private,
+        connect_to=spec.connect_to,
+        plain_http=origin.startswith("http://"),
+    )
     token = current.set(phases)
     response: httpx2.Response | None = None
     state = _StreamState(t0=0.0)

@@ -314,3 +314,13 @@ def from_transport(exc: BaseException, headers_seen: bool) -> ProbeError:
     if isinstance(exc, _BROKEN):
         return Truncated(f"the connection broke {where}: {name}: {exc}".rstrip(": "))
     return EngineError(f"{name}: {exc}")
+
+
+def counts_against_provider(kind: str) -> bool:
+    """Does a stored error kind count against the provider's availability? A kind this version
+    does not know (a newer worker's) counts against it: better a visible error than a hidden
+    one."""
+    try:
+        return Kind(kind).counts_against_provider
+    except ValueError:
+        return True

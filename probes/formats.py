@@ -310,11 +310,13 @@ class OpenAIChat(WireFormat):
     def usage(self, raw: dict[str, Any]) -> Usage:
         details = raw.get("prompt_tokens_details")
         completion = raw.get("completion_tokens_details")
+        cached = count(details.get("cached_tokens")) if isinstance(details, dict) else None
+        if cached is None:
+            # DeepSeek reports its cache hits in a field of its own (its context caching guide).
+            cached = count(raw.get("prompt_cache_hit_tokens"))
         return Usage(
             input_tokens=count(raw.get("prompt_tokens")),
-            cached_tokens=count(details.get("cached_tokens"))
-            if isinstance(details, dict)
-            else None,
+            cached_tokens=cached,
             output_tokens=count(raw.get("completion_tokens")),
             reasoning_tokens=(
                 count(completion.get("reasoning_tokens")) if isinstance(completion, dict) else None

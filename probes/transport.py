@@ -50,6 +50,8 @@ class Phases:
     started: float = 0.0  # t0
     allow_private: bool = True
     connect_to: str | None = None
+    # The request goes out as plain http:// (refused at connect unless allow_private).
+    plain_http: bool = False
     events: list[str] = field(default_factory=list)
     # Whether this probe opened a connection (our backend was asked for one), and whether its
     # request got as far as being sent: together, whether a pooled connection was reused.
@@ -83,8 +85,35 @@ class Phases:
 current: ContextVar[Phases | None] = ContextVar("probe_phases", default=None)
 
 
-def _address_allowed(address: str) -> bool:
-    return ipaddress.ip_address(address).is_global
+# IPv6 ranges that carry an IPv4 address in their low 32 bits: NAT64's well-known prefix
+# (RFC 6052) and its local-use one (RFC 8215), and IPv4-compatible addresses (deprecated).
+_NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
+_IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
+
+
+def embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address leads to, if it embeds one (mapped, NAT64, 6to4,
+    IPv4-compatible, Teredo client)."""
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address.teredo is not None:
+        return address.teredo[1]
+    if any(address in net for net in _NAT64) or address in _IPV4_COMPATIBLE:
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return None
+
+
+def address_allowed(address: str) -> bool:
+    """A public address, including what an IPv6 address embeds: ::ffff:10.0.0.1 or
+    64:ff9b::7f00:1 reach a private or loopback IPv4 host through a translator."""
+    ip = ipaddress.ip_address(address)
+    if isinstance(ip, ipaddress.IPv6Address):
+        embedded = embedded_ipv4(ip)
+        if embedded is not None:
+            return embedded.is_global
+    return ip.is_global
 
 
 def _ip_literal(host: str) -> str | None:
@@ -130,8 +159,10 @@ class TimedBackend(httpcore2.AsyncNetworkBackend):
         if phases is not None:
             phases.dns_start, phases.dns_end = started, resolved
             phases.connect_start = resolved
-            if not phases.allow_private and not _address_allowed(address):
+            if not phases.allow_private and not address_allowed(address):
                 raise BlockedAddress(f"{host} resolves to a non-public address ({address})")
+            if not phases.allow_private and phases.plain_http:
+                raise BlockedAddress(f"plain http:// to {host} refused (https only)")
         return await self._inner.connect_tcp(
             address,
             port,

@@ -65,7 +65,7 @@ def wait_until(condition: Callable[[], bool], timeout_s: float, interval_s: floa
     return condition()
 
 
-SERIES_METRICS = ("ttft_ms", "e2e_ms", "tps")
+SERIES_METRICS = ("ttft_ms", "e2e_ms", "tps", "ttfat_ms")
 
 
 def unfold_series(packed: dict[str, Any] | str) -> dict[str, Any]:
@@ -84,5 +84,6 @@ def unfold_series(packed: dict[str, Any] | str) -> dict[str, Any]:
         out["labels"].append(f"{at:%Y-%m-%d}" if data["step"] == "day" else f"{at:%m-%d %H}:00")
         for mi, m in enumerate(SERIES_METRICS):
             for qi, q in enumerate(("p50", "p95", "p99")):
-                out[m][q].append(point[mi * 3 + qi] if point else None)
+                at_i = mi * 3 + qi  # points stored before ttfat was charted end after tps
+                out[m][q].append(point[at_i] if point and at_i < len(point) else None)
     return out

@@ -25,6 +25,7 @@ from django.db.models import QuerySet
 from django.urls import NoReverseMatch, reverse
 
 from monitor.models import (
+    APP_E2E_METRICS,
     BUDGET_STATUSES,
     GRAIN_HOUR,
     LATENCY_METRICS,
@@ -40,8 +41,10 @@ from monitor.models import (
     Task,
 )
 from monitor.stats import rollups, selection
+from monitor.stats.confidence import NO_ESTIMATE, Estimate, percentile
 from monitor.stats.rollups import Stats
 from monitor.templatetags.rw import ms as format_ms
+from monitor.templatetags.rw import pct as format_pct
 
 WEEK = timedelta(days=7)
 # Percentiles read back from the log-bucket histograms are within about 2.5% (monitor.stats.hist):
@@ -53,6 +56,15 @@ METRICS = [
     (metric, dict(LATENCY_METRICS)[metric])
     for metric in (METRIC_TTFT_P50, METRIC_TTFT_P95, METRIC_E2E_P50, METRIC_E2E_P95)
 ]
+
+# Scenario tasks also report application end to end (after the four above, which stay in
+# place: RegionDigest reads TTFT p95 and e2e p95 by position).
+APP_METRICS = [(metric, dict(LATENCY_METRICS)[metric]) for metric in APP_E2E_METRICS]
+
+
+def metrics_for(task: Task) -> list[tuple[str, str]]:
+    return METRICS + APP_METRICS if task.is_scenario else METRICS
+
 
 DIRECTION_FASTER = "faster"
 DIRECTION_SLOWER = "slower"
@@ -193,14 +205,16 @@ class TaskDigest:
     @property
     def within_budget(self) -> tuple[int, int]:
         """(regions whose fastest route is inside every budget set, regions with a budget)."""
-        if self.task.ttft_p95_budget_ms is None and self.task.e2e_p95_budget_ms is None:
+        ttft_budget = self.task.budget_ms(METRIC_TTFT_P95)
+        e2e_budget = self.task.budget_ms(METRIC_E2E_P95)
+        if ttft_budget is None and e2e_budget is None:
             return (0, 0)
         inside = 0
         for r in self.regions:
             statuses = []
-            if self.task.ttft_p95_budget_ms is not None:
+            if ttft_budget is not None:
                 statuses.append(r.ttft_status)
-            if self.task.e2e_p95_budget_ms is not None:
+            if e2e_budget is not None:
                 statuses.append(r.e2e_status)
             inside += all(s in (STATUS_OK, STATUS_NEAR) for s in statuses)
         return (inside, len(self.regions))
@@ -254,7 +268,7 @@ def _why_changed(
     """(verdict, why, detail) for one region."""
     winner = this_choice.winner
     last = last_choice.winner
-    metric = task.get_latency_metric_display()
+    metric = dict(LATENCY_METRICS).get(this_choice.metric, this_choice.metric)
     if winner is None and last is None:
         return VERDICT_NONE, "", "No route met the quality bar with enough samples either week."
     if last is None:
@@ -283,15 +297,22 @@ def _why_changed(
         if now_last.reason == selection.REASON_QUALITY and now_last.pass_rate is not None:
             bar = task.min_pass_rate
             bar_text = f" under the {bar * 100:.0f}% bar" if bar is not None else ""
-            detail = f"{name} passed {now_last.pass_rate * 100:.0f}% of graded probes{bar_text}."
+            passed = now_last.pass_rate
+            detail = (
+                f"{name} passed {passed.k} of {passed.n} graded probes "
+                f"({format_pct(passed.low)}-{format_pct(passed.high)}, 95%){bar_text}."
+            )
         else:
-            detail = f"{name}: {now_last.reason}."
+            detail = f"{name}: {now_last.detail or now_last.reason}."
     else:
         stats = latency.get(last.route.pk)
-        rate = stats.error_rate if stats else None
+        rate = stats.provider_error_rate if stats else None
         if stats and rate:
             why = WHY_ERRORS
-            detail = f"{name} failed {rate * 100:.1f}% of its probes ({stats.count} probes)."
+            detail = (
+                f"{name} failed {rate * 100:.1f}% of its probes "
+                f"({stats.provider_errors} of {stats.attempts})."
+            )
         else:
             why, detail = WHY_SAMPLES, f"{name} had too few successful probes to rank."
     if winner is None:
@@ -300,7 +321,19 @@ def _why_changed(
 
 
 def _metric(stats: Stats | None, name: str) -> float | None:
-    return stats.metric(name) if stats else None
+    return stats.metric(name, reference=True) if stats else None
+
+
+def _estimate(stats: Stats | None, name: str) -> Estimate:
+    if stats is None:
+        return NO_ESTIMATE
+    return percentile(stats.counts_for(name, reference=True), int(name.partition("_p")[2]))
+
+
+def slower_with_confidence(this: Stats | None, last: Stats | None, name: str) -> bool:
+    """A regression: this week's figure is above last week's with confidence (the same test
+    that lets a challenger take a winner's place, monitor.stats.confidence)."""
+    return _estimate(last, name).faster_than(_estimate(this, name))
 
 
 def _task_totals(week: selection.Window, task: Task) -> Stats:
@@ -329,8 +362,16 @@ def build_report(tasks: Iterable[Task], period: Period) -> list[TaskDigest]:
         for region in task.regions.all():
             latency_this = this_week.latency(task, routes, region)
             latency_last = last_week.latency(task, routes, region)
-            this_choice = selection.choose(task, routes, latency_this, quality_this)
             last_choice = selection.choose(task, routes, latency_last, quality_last)
+            # Last week's winner stays unless this week's is faster with confidence or it
+            # stopped qualifying: the pages' rule, so "winner changed" means what it says.
+            this_choice = selection.choose(
+                task,
+                routes,
+                latency_this,
+                quality_this,
+                incumbent=last_choice.winner.route.pk if last_choice.winner else None,
+            )
             verdict, why, detail = _why_changed(task, this_choice, last_choice, latency_this)
             best_this = (
                 latency_this.get(this_choice.winner.route.pk) if this_choice.winner else None
@@ -348,7 +389,7 @@ def build_report(tasks: Iterable[Task], period: Period) -> list[TaskDigest]:
                     detail=detail,
                     changes=[
                         Change(label, _metric(best_this, name), _metric(best_last, name))
-                        for name, label in METRICS
+                        for name, label in metrics_for(task)
                     ],
                     ttft_status=task.budget_status(
                         METRIC_TTFT_P95, _metric(best_this, METRIC_TTFT_P95)
@@ -362,13 +403,19 @@ def build_report(tasks: Iterable[Task], period: Period) -> list[TaskDigest]:
                 )
             )
             for route in routes:
-                for name, label in METRICS:
+                for name, label in metrics_for(task):
                     change = Change(
                         label,
                         _metric(latency_this.get(route.pk), name),
                         _metric(latency_last.get(route.pk), name),
                     )
-                    if change.pct is not None and change.pct > threshold:
+                    if (
+                        change.pct is not None
+                        and change.pct > threshold
+                        and slower_with_confidence(
+                            latency_this.get(route.pk), latency_last.get(route.pk), name
+                        )
+                    ):
                         regressions.append(
                             Regression(route, region, change, url=route_urls[route.pk])
                         )

@@ -8,7 +8,7 @@ one small query (see SNAPSHOT_KEY).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -16,6 +16,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from monitor.models import (
+    LATENCY_METRICS,
     METRIC_E2E_P95,
     METRIC_TTFT_P95,
     STATUS_NEAR,
@@ -23,10 +24,13 @@ from monitor.models import (
     STATUS_OVER,
     STATUS_UNKNOWN,
     OverviewSnapshot,
+    Region,
     Task,
+    WinnerChange,
     fresh_within,
 )
-from monitor.stats import selection
+from monitor.stats import selection, winners
+from monitor.stats.rollups import Stats
 
 WINDOW = timedelta(hours=24)
 
@@ -38,11 +42,13 @@ class TaskInfo:
     slug: str
     name: str
     latency_class: str  # display labels
-    latency_metric: str
+    latency_metric: str  # the ranking metric's label (the class default resolved)
     min_pass_rate: float | None
     min_quality_index: float | None
     ttft_p95_budget_ms: int | None
     e2e_p95_budget_ms: int | None
+    max_error_rate: float = 0.0  # the availability bar (Task.error_ceiling)
+    metric: str = ""  # the ranking metric's key (the read API names it)
 
     @classmethod
     def of(cls, task: Task) -> TaskInfo:
@@ -50,8 +56,10 @@ class TaskInfo:
             slug=task.slug,
             name=task.name,
             latency_class=task.get_latency_class_display(),
-            latency_metric=task.get_latency_metric_display(),
+            latency_metric=metric_label(task.ranking_metric()),
+            metric=task.ranking_metric(),
             min_pass_rate=task.min_pass_rate,
+            max_error_rate=task.error_ceiling(),
             min_quality_index=task.min_quality_index,
             ttft_p95_budget_ms=task.ttft_p95_budget_ms,
             e2e_p95_budget_ms=task.e2e_p95_budget_ms,
@@ -77,7 +85,41 @@ class Cell:
     stale_after_s: float
     ttft_status: str
     e2e_status: str
+    # The ranking metric over the reference probes, with its 95% interval (None: no end).
+    metric_ms: float | None = None
+    metric_low_ms: float | None = None
+    metric_high_ms: float | None = None
+    samples: int = 0
+    # The winner's pass rate (all regions) and its 95% Wilson interval.
+    passed: int = 0
+    graded: int = 0
+    pass_low: float | None = None
+    pass_high: float | None = None
+    # The winner's availability here: the provider's failures out of its attempts.
+    errors: int = 0
+    attempts: int = 0
+    runner_up_id: int | None = None
+    runner_up_label: str = ""
+    runner_up_ms: float | None = None
+    runner_up_low_ms: float | None = None
+    runner_up_high_ms: float | None = None
+    tied: list[str] = field(default_factory=list)  # routes within noise of the winner
+    winner_since: datetime | None = None
+    why: str = ""  # why this route is the winner (the change that made it), or why none is
     stale: bool = True  # set against the time of the read (see `Overview.at`)
+    # For the read API (monitor.api): the tied routes' ids, and the runner-up's bar figures.
+    tied_ids: list[int] = field(default_factory=list)
+    runner_up_samples: int = 0
+    runner_up_passed: int = 0
+    runner_up_graded: int = 0
+    runner_up_pass_low: float | None = None
+    runner_up_pass_high: float | None = None
+    runner_up_errors: int = 0
+    runner_up_attempts: int = 0
+
+    @property
+    def error_rate(self) -> float | None:
+        return self.errors / self.attempts if self.attempts else None
 
     @property
     def overall_status(self) -> str:
@@ -113,8 +155,9 @@ class Overview:
         rows = [asdict(r) for r in self.rows]
         for row in rows:
             for cell in row["cells"]:
-                last = cell["last_probe_at"]
-                cell["last_probe_at"] = last.isoformat() if last else None
+                for name in ("last_probe_at", "winner_since"):
+                    when = cell[name]
+                    cell[name] = when.isoformat() if when else None
         return {"built_at": self.built_at.isoformat(), "rows": rows}
 
     @classmethod
@@ -123,56 +166,123 @@ class Overview:
         for row in data["rows"]:
             cells = []
             for cell in row["cells"]:
-                last = cell["last_probe_at"]
-                cell["last_probe_at"] = datetime.fromisoformat(last) if last else None
+                for name in ("last_probe_at", "winner_since"):
+                    when = cell.get(name)
+                    cell[name] = datetime.fromisoformat(when) if when else None
                 cells.append(Cell(**cell))
             rows.append(TaskRow(task=TaskInfo(**row["task"]), cells=cells))
         return cls(rows=rows, built_at=datetime.fromisoformat(data["built_at"]))
 
 
+def metric_label(metric: str) -> str:
+    return dict(LATENCY_METRICS).get(metric, metric)
+
+
+Decision = tuple[winners.Key, selection.Choice]
+
+
 def build(now: datetime | None = None, window: timedelta = WINDOW) -> Overview:
     """Compute the overview from the rollups (the work a snapshot saves each reader)."""
-    now = now or timezone.now()
+    return _build(now or timezone.now(), window)[0]
+
+
+def _build(now: datetime, window: timedelta) -> tuple[Overview, list[Decision]]:
     since = now - window
     tasks = list(
         Task.objects.filter(is_active=True).prefetch_related("routes__provider", "regions")
     )
     figures = selection.Window.read(since, now + timedelta(hours=1))
+    held = winners.latest()
     rows: list[TaskRow] = []
+    decisions: list[Decision] = []
     for task in tasks:
         routes = [r for r in task.routes.all() if r.is_active]
         quality = figures.quality(task, routes)
+        ttft_basis = task.ttft_budget_metric(routes)
         cells = []
         for region in task.regions.all():
             latency = figures.latency(task, routes, region)
-            choice = selection.choose(task, routes, selection.fresh(task, latency, now), quality)
-            last = max((s.last_probe_at for s in latency.values() if s.last_probe_at), default=None)
-            winner = choice.winner
-            stats = latency.get(winner.route.pk) if winner else None
-            cells.append(
-                Cell(
-                    region_slug=region.slug,
-                    region_name=region.name,
-                    route_id=winner.route.pk if winner else None,
-                    route_label=str(winner.route) if winner else "",
-                    reason=choice.reason,
-                    ttft_p50_ms=stats.ttft_ms(50) if stats else None,
-                    ttft_p95_ms=stats.ttft_ms(95) if stats else None,
-                    tps_p50=stats.tps(50) if stats else None,
-                    e2e_p95_ms=stats.e2e_ms(95) if stats else None,
-                    pass_rate=winner.pass_rate if winner else None,
-                    last_probe_at=last,
-                    stale_after_s=task.stale_after().total_seconds(),
-                    ttft_status=task.budget_status(
-                        METRIC_TTFT_P95, stats.ttft_ms(95) if stats else None
-                    ),
-                    e2e_status=task.budget_status(
-                        METRIC_E2E_P95, stats.e2e_ms(95) if stats else None
-                    ),
-                )
+            last_change = held.get((task.pk, region.pk))
+            choice = selection.choose(
+                task,
+                routes,
+                selection.fresh(task, latency, now),
+                quality,
+                now=now,
+                incumbent=last_change.route_id if last_change else None,
             )
+            decisions.append(((task.pk, region.pk), choice))
+            cells.append(_cell(task, region, choice, latency, ttft_basis, now, last_change))
         rows.append(TaskRow(task=TaskInfo.of(task), cells=cells))
-    return Overview(rows=rows, built_at=now).at(now)
+    return Overview(rows=rows, built_at=now).at(now), decisions
+
+
+def _cell(
+    task: Task,
+    region: Region,
+    choice: selection.Choice,
+    latency: dict[int, Stats],
+    ttft_basis: str,
+    now: datetime,
+    last_change: WinnerChange | None,
+) -> Cell:
+    last = max((s.last_probe_at for s in latency.values() if s.last_probe_at), default=None)
+    winner, runner = choice.winner, choice.runner_up
+    stats = latency.get(winner.route.pk) if winner else None
+    if winner is None:
+        first = next((c for c in choice.candidates if c.detail), None)
+        why = f"{first.route}: {first.detail}" if first else ""
+        since = None
+    elif choice.changed or last_change is None:
+        why, since = choice.change, now
+    else:
+        why, since = last_change.reason, last_change.at
+    return Cell(
+        region_slug=region.slug,
+        region_name=region.name,
+        route_id=winner.route.pk if winner else None,
+        route_label=str(winner.route) if winner else "",
+        reason=choice.reason,
+        ttft_p50_ms=stats.ttft_ms(50) if stats else None,
+        ttft_p95_ms=stats.metric(ttft_basis, reference=True) if stats else None,
+        tps_p50=stats.tps(50) if stats else None,
+        e2e_p95_ms=stats.metric(METRIC_E2E_P95, reference=True) if stats else None,
+        pass_rate=winner.pass_rate.point if winner and winner.pass_rate else None,
+        last_probe_at=last,
+        stale_after_s=task.stale_after().total_seconds(),
+        ttft_status=task.budget_status(
+            METRIC_TTFT_P95, stats.metric(ttft_basis, reference=True) if stats else None
+        ),
+        e2e_status=task.budget_status(
+            METRIC_E2E_P95, stats.metric(METRIC_E2E_P95, reference=True) if stats else None
+        ),
+        metric_ms=winner.metric.point if winner else None,
+        metric_low_ms=winner.metric.low if winner else None,
+        metric_high_ms=winner.metric.high if winner else None,
+        samples=winner.metric.n if winner else 0,
+        passed=winner.pass_rate.k if winner and winner.pass_rate else 0,
+        graded=winner.pass_rate.n if winner and winner.pass_rate else 0,
+        pass_low=winner.pass_rate.low if winner and winner.pass_rate else None,
+        pass_high=winner.pass_rate.high if winner and winner.pass_rate else None,
+        errors=winner.errors.k if winner else 0,
+        attempts=winner.errors.n if winner else 0,
+        runner_up_id=runner.route.pk if runner else None,
+        runner_up_label=str(runner.route) if runner else "",
+        runner_up_ms=runner.metric.point if runner else None,
+        runner_up_low_ms=runner.metric.low if runner else None,
+        runner_up_high_ms=runner.metric.high if runner else None,
+        tied=[str(c.route) for c in choice.candidates if c.tied],
+        winner_since=since,
+        why=why,
+        tied_ids=[c.route.pk for c in choice.candidates if c.tied],
+        runner_up_samples=runner.metric.n if runner else 0,
+        runner_up_passed=runner.pass_rate.k if runner and runner.pass_rate else 0,
+        runner_up_graded=runner.pass_rate.n if runner and runner.pass_rate else 0,
+        runner_up_pass_low=runner.pass_rate.low if runner and runner.pass_rate else None,
+        runner_up_pass_high=runner.pass_rate.high if runner and runner.pass_rate else None,
+        runner_up_errors=runner.errors.k if runner else 0,
+        runner_up_attempts=runner.errors.n if runner else 0,
+    )
 
 
 # The overview is the same for every reader and refreshes itself in every open tab, so it is
@@ -188,8 +298,10 @@ def max_age() -> timedelta:
 
 
 def refresh(now: datetime | None = None) -> Overview:
+    """Rebuild the snapshot, and record every winner that changed (monitor.stats.winners)."""
     now = now or timezone.now()
-    overview = build(now)
+    overview, decisions = _build(now, WINDOW)
+    winners.record(decisions, now)
     OverviewSnapshot.objects.update_or_create(
         key=SNAPSHOT_KEY, defaults={"built_at": now, "data": overview.to_json()}
     )

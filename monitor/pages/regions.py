@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from monitor.models import Region, Route, Task
 from monitor.pages.common import Range
 from monitor.stats import rollups, selection
+from monitor.stats import winners as stats_winners
 from monitor.stats.rollups import Stats
 
 # metric key -> (label, unit); a metric the task sets a budget on is coloured by it
@@ -18,6 +19,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "ttft_p95": ("TTFT p95", "ms"),
     "e2e_p50": ("e2e p50", "ms"),
     "e2e_p95": ("e2e p95", "ms"),
+    "ttfat_p50": ("first answer token p50", "ms"),
+    "ttfat_p95": ("first answer token p95", "ms"),
     "tps_p50": ("speed p50", "tps"),
     "error_rate": ("error rate", "pct"),
 }
@@ -28,7 +31,7 @@ def value_of(stats: Stats | None, metric: str) -> float | None:
     if stats is None:
         return None
     if metric == "error_rate":
-        return stats.error_rate
+        return stats.provider_error_rate
     if metric == "tps_p50":
         return stats.tps(50)
     return stats.metric(metric)
@@ -42,6 +45,9 @@ class MatrixCell:
     winner: bool
     stale: bool
     probes: int
+    errors: int = 0  # the provider's failures out of its attempts (availability)
+    attempts: int = 0
+    reason: str = ""  # why this route does not qualify here ("" when it does)
 
 
 @dataclass
@@ -92,11 +98,22 @@ def build(task: Task, metric: str, window: Range, now: datetime) -> Matrix:
         ).items()
         if k[0] is not None
     }
+    held = stats_winners.incumbents([task.pk])
     winners: dict[int, int | None] = {}
+    reasons: dict[tuple[int, int], str] = {}
     for g in regions:
         latency = {r.pk: per_cell[(r.pk, g.pk)] for r in routes if (r.pk, g.pk) in per_cell}
-        choice = selection.choose(task, routes, selection.fresh(task, latency, now), quality)
+        choice = selection.choose(
+            task,
+            routes,
+            selection.fresh(task, latency, now),
+            quality,
+            now=now,
+            incumbent=held.get((task.pk, g.pk)),
+        )
         winners[g.pk] = choice.winner.route.pk if choice.winner else None
+        for c in choice.candidates:
+            reasons[(c.route.pk, g.pk)] = c.detail or c.reason
     rows = []
     for r in routes:
         cells = []
@@ -111,6 +128,9 @@ def build(task: Task, metric: str, window: Range, now: datetime) -> Matrix:
                     winner=winners.get(g.pk) == r.pk,
                     stale=not task.is_fresh(stats.last_probe_at if stats else None, now),
                     probes=stats.count if stats else 0,
+                    errors=stats.provider_errors if stats else 0,
+                    attempts=stats.attempts if stats else 0,
+                    reason=reasons.get((r.pk, g.pk), ""),
                 )
             )
         rows.append(MatrixRow(route=r, cells=cells))

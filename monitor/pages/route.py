@@ -3,9 +3,10 @@ waterfall, errors, cache, rate-limit headroom and probe-option comparisons.
 
 Percentiles come from the rollups (hourly or daily histograms, one chart point per bucket;
 hourly points are read from the hour strips PostgreSQL keeps from the hourly rollups).
-Raw results are read only where rollups cannot answer, each read bounded to the last 24 hours
-of this route through the (route, started_at) index: the median probe, the latest rate-limit
-headers, and the option comparisons (which rollups do not split).
+Raw results are read only where rollups cannot answer, each read bounded in time through the
+(route, started_at) index: the median probe and the latest rate-limit headers (last 24 hours),
+and the option comparisons (which rollups do not split: the selected window's most recent
+COMPARISON_ROWS probes).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from monitor.models import (
 )
 from monitor.pages.common import Range
 from monitor.stats import hist, rollups
+from monitor.stats.confidence import Estimate, percentile
 from monitor.stats.rollups import Stats
 from probes.errors import Kind
 
@@ -89,11 +91,21 @@ class OptionGroup:
     value: str
     probes: int
     ok: int
-    ttft_p50_ms: float | None
-    e2e_p50_ms: float | None
+    ttft_p50: Estimate  # each with its 95% interval (monitor.stats.confidence)
+    ttft_p95: Estimate
+    e2e_p50: Estimate
+    e2e_p95: Estimate
     upload_p50_ms: float | None
     setup_p50_ms: float | None  # dns + connect + tls, where there was any
     mean_request_bytes: float | None
+
+    @property
+    def ttft_p50_ms(self) -> float | None:
+        return self.ttft_p50.point
+
+    @property
+    def e2e_p50_ms(self) -> float | None:
+        return self.e2e_p50.point
 
 
 @dataclass
@@ -140,11 +152,12 @@ class RoutePage:
 #    "chunks": [[point | null, ...], ...]}
 # The chunks joined, less their first k points, are the window's n points, one per hour or day
 # from start, null where no rollup row exists (an outage shows as a gap, never as a line);
-# a point is [ttft p50, p95, p99, e2e p50, p95, p99, tps p50, p95, p99] (SERIES_METRICS),
-# null where too few samples. An hourly chart joins one HourStrip per day (31 rows for a month,
+# a point is [ttft p50, p95, p99, e2e p50, p95, p99, tps p50, p95, p99, ttfat p50, p95, p99]
+# (SERIES_METRICS; hours stored before migration 0013 end after tps), null where too few
+# samples. An hourly chart joins one HourStrip per day (31 rows for a month,
 # the text of each already JSON); a daily one writes one point per daily rollup row. Either
 # way PostgreSQL hands back one string and Python parses no number.
-SERIES_METRICS = ("ttft_ms", "e2e_ms", "tps")
+SERIES_METRICS = ("ttft_ms", "e2e_ms", "tps", "ttfat_ms")
 _EMPTY_STRIP = "[" + ", ".join(["null"] * 24) + "]"
 _REGION = {True: "IS NULL", False: "= %(region)s"}
 _HOUR_CHUNKS_SQL = """
@@ -155,7 +168,8 @@ LEFT JOIN monitor_hourstrip AS s
 """
 _DAY_CHUNKS_SQL = """
 SELECT '[' || string_agg(CASE WHEN r.id IS NULL THEN 'null'
-                             ELSE rw_hour_point(r.ttft_pcts, r.e2e_pcts, r.tps_pcts)::text END,
+                             ELSE rw_chart_point(r.ttft_pcts, r.e2e_pcts, r.tps_pcts,
+                                                 rw_pairs_pcts(r.ttfat_hist, 1.0))::text END,
                         ',' ORDER BY d.i) || ']'
 FROM unnest(%(days)s::timestamptz[]) WITH ORDINALITY AS d(day, i)
 LEFT JOIN monitor_rollup AS r
@@ -342,6 +356,13 @@ def _p50(values: list[float]) -> float | None:
     return hist.percentile(hist.build(values, hist.MS), 50, hist.MS) if values else None
 
 
+def _counts(values: list[float | None]) -> dict[int, int]:
+    """Values as a {bucket: count} histogram (monitor.stats.hist), for percentile intervals."""
+    counts: dict[int, int] = {}
+    hist.add_into(counts, hist.build(values, hist.MS))
+    return counts
+
+
 def _median(values: list[int]) -> float | None:
     return float(statistics.median(values)) if values else None
 
@@ -391,10 +412,11 @@ def not_sent(route: Route, task: Task) -> list[str]:
 
 
 def comparison_rows(
-    route: Route, task: Task, region: Region | None, now: datetime
+    route: Route, task: Task, region: Region | None, since: datetime
 ) -> list[dict[str, Any]]:
-    """The most recent raw rows of the last 24 h, for comparisons and the reasoning figures."""
-    raw = ProbeResult.objects.filter(route=route, task=task, started_at__gte=now - RAW_WINDOW)
+    """The window's most recent raw rows (at most COMPARISON_ROWS), for comparisons and the
+    reasoning figures."""
+    raw = ProbeResult.objects.filter(route=route, task=task, started_at__gte=since)
     if region is not None:
         raw = raw.filter(region=region)
     return [
@@ -442,13 +464,17 @@ def comparisons(rows: list[dict[str, Any]]) -> list[Comparison]:
                 if m["connect_ms"] is not None
             ]
             sizes = [m["request_bytes"] for m in members if m["request_bytes"] is not None]
+            ttft = _counts([m["ttft_ms"] for m in ok])
+            e2e = _counts([m["e2e_ms"] for m in ok])
             stats.append(
                 OptionGroup(
                     value=value,
                     probes=len(members),
                     ok=len(ok),
-                    ttft_p50_ms=_p50([m["ttft_ms"] for m in ok if m["ttft_ms"] is not None]),
-                    e2e_p50_ms=_p50([m["e2e_ms"] for m in ok if m["e2e_ms"] is not None]),
+                    ttft_p50=percentile(ttft, 50),
+                    ttft_p95=percentile(ttft, 95),
+                    e2e_p50=percentile(e2e, 50),
+                    e2e_p95=percentile(e2e, 95),
                     upload_p50_ms=_p50([m["upload_ms"] for m in ok if m["upload_ms"] is not None]),
                     setup_p50_ms=_p50(setup),
                     mean_request_bytes=sum(sizes) / len(sizes) if sizes else None,
@@ -506,7 +532,7 @@ def build(
     selected = by_region.get(region.pk) if region is not None else merged
     kinds = sorted((selected.error_kinds if selected else {}).items(), key=lambda kv: -kv[1])
     probe = median_probe(route, task, region, now)
-    rows = comparison_rows(route, task, region, now)
+    rows = comparison_rows(route, task, region, window.since(now))
     return RoutePage(
         route=route,
         tasks=tasks,

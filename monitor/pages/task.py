@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypedDict
 
-from monitor.models import METRIC_E2E_P95, METRIC_TTFT_P95, Region, Route, Task
+from monitor.models import METRIC_E2E_P95, METRIC_TTFT_P95, Region, Route, Task, WinnerChange
 from monitor.pages import whatif as pages_whatif
 from monitor.pages.common import Range
-from monitor.stats import rollups, selection
+from monitor.pages.overview import metric_label
+from monitor.stats import rollups, selection, winners
 from monitor.stats.rollups import Stats
 
 Y_PASSING = "pass rate (%)"
@@ -59,7 +60,8 @@ class RouteRow:
 
     @property
     def error_rate(self) -> float | None:
-        return self.stats.error_rate if self.stats else None
+        """The provider's failures out of its attempts (availability, what the bar judges)."""
+        return self.candidate.errors.point
 
     @property
     def probes(self) -> int:
@@ -97,6 +99,11 @@ class TaskPage:
     last_probe_at: datetime | None
     whatif: pages_whatif.Form
     whatif_lines: list[pages_whatif.Line]
+    winner_change: WinnerChange | None = None  # since when, and why, the winner is the winner
+
+    @property
+    def tied(self) -> list[selection.Candidate]:
+        return [c for c in self.choice.candidates if c.tied]
 
     @property
     def has_data(self) -> bool:
@@ -107,7 +114,7 @@ def _quality_y(task: Task, row: RouteRow) -> tuple[str, float | None, float | No
     """The scatter's y axis: the task's own quality measure, and its bar."""
     if task.min_pass_rate is None and task.min_quality_index is not None:
         return Y_QUALITY_INDEX, row.route.quality_index, task.min_quality_index
-    rate = row.candidate.pass_rate
+    rate = row.candidate.pass_rate.point if row.candidate.pass_rate else None
     bar = task.min_pass_rate * 100 if task.min_pass_rate is not None else None
     return Y_PASSING, rate * 100 if rate is not None else None, bar
 
@@ -139,7 +146,16 @@ def build(
             for k, s in rollups.stats_by(quality_qs, ["route_id"], histograms=False).items()
             if k[0] is not None
         }
-    choice = selection.choose(task, routes, selection.fresh(task, latency, now), quality)
+    change = winners.latest([task.pk]).get((task.pk, region.pk)) if region else None
+    choice = selection.choose(
+        task,
+        routes,
+        selection.fresh(task, latency, now),
+        quality,
+        now=now,
+        incumbent=change.route_id if change else None,
+    )
+    ttft_basis = task.ttft_budget_metric(routes)
     rows = []
     for i, c in enumerate(choice.candidates, start=1):
         stats = latency.get(c.route.pk)
@@ -152,9 +168,11 @@ def build(
                 is_winner=choice.winner is not None and choice.winner.route.pk == c.route.pk,
                 stale=not task.is_fresh(stats.last_probe_at if stats else None, now),
                 ttft_status=task.budget_status(
-                    METRIC_TTFT_P95, stats.ttft_ms(95) if stats else None
+                    METRIC_TTFT_P95, stats.metric(ttft_basis, reference=True) if stats else None
                 ),
-                e2e_status=task.budget_status(METRIC_E2E_P95, stats.e2e_ms(95) if stats else None),
+                e2e_status=task.budget_status(
+                    METRIC_E2E_P95, stats.metric(METRIC_E2E_P95, reference=True) if stats else None
+                ),
             )
         )
     y_label, bar = Y_PASSING, None
@@ -162,7 +180,7 @@ def build(
     unplotted = []
     for row in rows:
         y_label, y, bar = _quality_y(task, row)
-        metric = row.stats.metric(task.latency_metric) if row.stats else None
+        metric = row.candidate.metric_ms
         if y is None or metric is None:
             unplotted.append(row)
             continue
@@ -180,7 +198,7 @@ def build(
             )
         )
     scatter = ScatterData(
-        x_label=f"{task.get_latency_metric_display()} (s)", y_label=y_label, bar=bar, points=points
+        x_label=f"{metric_label(choice.metric)} (s)", y_label=y_label, bar=bar, points=points
     )
     defaults = {k: str(v) for k, v in whatif_defaults(task).items()}
     form = pages_whatif.parse({**defaults, **{k: v for k, v in whatif_params.items() if v}})
@@ -208,6 +226,7 @@ def build(
         last_probe_at=last_probe,
         whatif=form,
         whatif_lines=lines,
+        winner_change=change,
     )
 
 

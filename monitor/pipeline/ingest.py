@@ -2,9 +2,15 @@
 
 Region workers send results over the broker as JSON objects whose keys are ProbeResult column
 names (monitor.pipeline.messages.ResultPayload). `ingest` COPYs a batch into a temporary
-table, then INSERTs it with ON CONFLICT DO NOTHING on the slot key: a redelivered message, or
-a result that arrives after its slot was recorded missed, changes nothing. Only the rows really
+table, then INSERTs it with ON CONFLICT DO NOTHING on the slot key: a redelivered message
+changes nothing. A result that arrives after its slot was recorded missed, but was measured
+inside the slot's deadline (ingest or the broker was down meanwhile), replaces the missed row,
+which leaves the rollups; one measured after the deadline changes nothing. Only the rows really
 inserted (RETURNING) are folded into the rollups, in the same transaction.
+
+The database being unavailable (OperationalError, InterfaceError) is not a refusal: it
+propagates, and the ingest task retries the message with backoff, then parks it in the
+dead-letter list (monitor.tasks, monitor.pipeline.queues).
 
 One bad result never costs the others (it used to: one count past 2**31-1 failed the COPY, and
 with it every probe of that region's tick, on every tick):
@@ -26,14 +32,23 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
-from django.db import DatabaseError, connection, models, transaction
+from django.db import (
+    DatabaseError,
+    InterfaceError,
+    OperationalError,
+    connection,
+    models,
+    transaction,
+)
 from django.utils import timezone
 
 from monitor.models import (
+    BODY_JSON,
     OUTCOME_MISSED,
+    PREFIX_STABLE,
     SLOT_DISPATCHED,
     SLOT_DONE,
     SLOT_MISSED,
@@ -43,8 +58,15 @@ from monitor.models import (
     ProbeSlot,
     RaceRun,
     Route,
+    Task,
 )
-from monitor.pipeline.messages import ContractError, result_key, result_payload_from_json
+from monitor.pipeline import genai_otlp, signing
+from monitor.pipeline.messages import (
+    ContractError,
+    ResultPayload,
+    result_key,
+    result_payload_from_json,
+)
 from monitor.stats import rollups
 from monitor.stats.rollups import ResultRow
 from probes.errors import Kind
@@ -57,6 +79,10 @@ DETAIL_LIMIT = 500
 INT_MAX = 2**31 - 1
 # The Heartbeat row counting results (and race results) rejected at ingest.
 REJECTED_COUNTER = "ingest-rejected"
+# Errors that say the database is unavailable (connection lost, server restarting, a deadlock
+# or a cancelled statement), not that it refuses a row: never counted as rejections, they
+# propagate so the ingest task retries the whole message (monitor.tasks).
+UNAVAILABLE = (OperationalError, InterfaceError)
 
 _FIELDS: list[models.Field[Any, Any]] = [
     f for f in ProbeResult._meta.concrete_fields if f.name != "id"
@@ -71,9 +97,11 @@ _DEFAULTS: dict[str, Any] = {
 # Longer text is cut to these (the answer is kept for grading and the probe log, not whole).
 _TEXT_LIMITS = {"text": TEXT_LIMIT, "error_detail": DETAIL_LIMIT}
 _KEY = [COLUMNS.index(c) for c in ("task_id", "route_id", "region_id", "slot_at")]
+_OUTCOME = COLUMNS.index("outcome")
 
-# What the rollups need from each inserted row (RETURNING these columns).
-_ROLLED = list(ResultRow._fields)
+# What the rollups need from each inserted row (RETURNING these columns; app e2e is a
+# scenario's, not a column).
+_ROLLED = [f for f in ResultRow._fields if f != "app_e2e_ms"]
 
 
 class BadPayload(ValueError):
@@ -208,18 +236,44 @@ def row_from_payload(
             values[name] = fitted
     if values["route_id"] is None or values["region_id"] is None:
         raise BadPayload("route_id and region_id are required")
+    # Cost is ours to work out, from the tokens and the route's prices: a worker's figure is
+    # never trusted (it could hide spend from the cap).
     route = prices.get(values["route_id"])
-    if values["cost_usd"] is None and route is not None:
-        values["cost_usd"] = _fit(
+    values["cost_usd"] = (
+        _fit(
             columns["cost_usd"],
-            route.cost_usd(values["input_tokens"] or 0, values["output_tokens"] or 0),
+            route.cost_usd(
+                values["input_tokens"] or 0, values["output_tokens"] or 0, values["cached_tokens"]
+            ),
         )
+        if route is not None
+        else None
+    )
     return tuple(values[f.attname] for f in _FIELDS)
+
+
+# A measured result replaces its slot's `missed` row when it was measured inside the slot's
+# deadline (it ended by then: start plus its e2e time, or its start when it has none): it was
+# only late to arrive (ingest or the broker down, results waiting in a spool). The deleted
+# missed rows come back (RETURNING) to be taken out of the rollups. A result measured after the
+# deadline changes nothing, and neither does a second copy of a result (ON CONFLICT).
+_REPLACE_MISSED = """
+DELETE FROM monitor_proberesult AS p USING rw_ingest AS i, monitor_probeslot AS s
+WHERE p.outcome = %s AND i.outcome <> %s
+  AND p.task_id = i.task_id AND p.route_id = i.route_id
+  AND p.region_id = i.region_id AND p.slot_at = i.slot_at
+  AND s.task_id = i.task_id AND s.route_id = i.route_id
+  AND s.region_id = i.region_id AND s.slot_at = i.slot_at
+  AND i.started_at + coalesce(i.e2e_ms, 0) * interval '1 millisecond' <= s.deadline_at
+RETURNING {returning}
+"""
 
 
 def insert_rows(rows: Sequence[tuple[Any, ...]]) -> list[ResultRow]:
     """COPY rows into a temp table, INSERT what does not conflict; returns what was inserted.
-    Must run inside a transaction (the temp table empties itself at commit)."""
+    A measured result replaces a `missed` row of its slot (see _REPLACE_MISSED); the rollups
+    lose that missed one here. Must run inside a transaction (the temp table empties itself at
+    commit)."""
     if not rows:
         return []
     columns = ", ".join(connection.ops.quote_name(c) for c in COLUMNS)
@@ -236,11 +290,28 @@ def insert_rows(rows: Sequence[tuple[Any, ...]]) -> list[ResultRow]:
         ):
             for row in rows:
                 copy.write_row(row)
-        cursor.execute(
-            f"INSERT INTO monitor_proberesult ({columns}) SELECT {columns} FROM rw_ingest "
-            f"ON CONFLICT DO NOTHING RETURNING {', '.join(_ROLLED)}"
-        )
-        return [ResultRow(*r) for r in cursor.fetchall()]
+        measured = sum(1 for row in rows if row[_OUTCOME] != OUTCOME_MISSED)
+        inserted: list[ResultRow] = []
+        # Twice at most: a sweep that commits its missed row between our DELETE and INSERT
+        # makes the INSERT conflict; a second DELETE sees that row (a new statement, a new
+        # snapshot) and the INSERT then stores the measurement.
+        for _ in range(2 if measured else 1):
+            if measured:
+                returning = ", ".join(f"p.{c}" for c in _ROLLED)
+                cursor.execute(
+                    _REPLACE_MISSED.format(returning=returning), [OUTCOME_MISSED, OUTCOME_MISSED]
+                )
+                replaced = [ResultRow(*r) for r in cursor.fetchall()]
+                if replaced:
+                    rollups.retract(replaced)
+            cursor.execute(
+                f"INSERT INTO monitor_proberesult ({columns}) SELECT {columns} FROM rw_ingest "
+                f"ON CONFLICT DO NOTHING RETURNING {', '.join(_ROLLED)}"
+            )
+            inserted.extend(ResultRow(*r) for r in cursor.fetchall())
+            if len(inserted) == len(rows):
+                break
+        return inserted
 
 
 def refusal(exc: DatabaseError) -> str:
@@ -268,6 +339,8 @@ def write_rows(rows: Sequence[tuple[Any, ...]]) -> tuple[list[ResultRow], int]:
     try:
         with transaction.atomic():
             return insert_rows(rows), 0
+    except UNAVAILABLE:
+        raise  # the database is away, not refusing these rows: the caller retries them all
     except DatabaseError as exc:
         log.warning(
             "bulk write of %d results refused (%s); writing them one by one",
@@ -280,6 +353,8 @@ def write_rows(rows: Sequence[tuple[Any, ...]]) -> tuple[list[ResultRow], int]:
         try:
             with transaction.atomic():
                 inserted.extend(insert_rows([row]))
+        except UNAVAILABLE:
+            raise
         except DatabaseError as exc:
             refused += 1
             log.warning(
@@ -332,9 +407,100 @@ def _known_eval_cases(payloads: Iterable[Mapping[str, Any]]) -> set[int]:
     return set(EvalCase.objects.filter(pk__in=ids).values_list("pk", flat=True))
 
 
-def ingest(message: object) -> int:
+def mark_reference(
+    payloads: Sequence[ResultPayload], routes: Mapping[int, Route]
+) -> list[dict[str, Any]]:
+    """Set each result's `reference`: probed with its task's reference option set, the probes
+    that rank routes (Task.reference). Judged here, by the task's settings at ingest."""
+    tasks = Task.objects.in_bulk({p["task_id"] for p in payloads if p.get("task_id")})
+    marked = []
+    for p in payloads:
+        task, route = tasks.get(p.get("task_id") or 0), routes.get(p["route_id"])
+        reference = (
+            task is not None
+            and route is not None
+            and task.is_reference(
+                route.provider,
+                http2=bool(p.get("http2")),
+                body_encoding=str(p.get("body_encoding") or BODY_JSON),
+                cold=bool(p.get("cold")),
+                prefix_mode=str(p.get("prefix_mode") or PREFIX_STABLE),
+            )
+        )
+        marked.append({**p, "reference": reference})
+    return marked
+
+
+def admit(
+    payloads: Sequence[ResultPayload], region_id: int, sealed_at: datetime
+) -> tuple[list[ResultPayload], int]:
+    """Of the results a region's worker sent, those for a slot of that region that exists and
+    is still open (dispatched, or recorded missed while the result was on its way: a result
+    sealed in time replaces `missed`), sealed by the slot's deadline (the signed issue time,
+    which cannot run ahead of our clock: signing.open_results); returns them and how many
+    were refused (each logged by key, without values)."""
+    keys = set()
+    for p in payloads:
+        try:
+            at = datetime.fromisoformat(p["slot_at"]) if p["slot_at"] else None
+        except ValueError:
+            at = None
+        if at is not None:
+            keys.add((p["task_id"], p["route_id"], p["region_id"], at))
+    open_slots: dict[tuple[Any, ...], datetime] = {}
+    if keys:
+        rows = ProbeSlot.objects.filter(
+            region_id=region_id,
+            status__in=(SLOT_DISPATCHED, SLOT_MISSED),
+            slot_at__in={k[3] for k in keys},
+        ).values_list("task_id", "route_id", "region_id", "slot_at", "deadline_at")
+        open_slots = {tuple(r[:4]): r[4] for r in rows}
+    admitted, refused = [], 0
+    for p in payloads:
+        reason = ""
+        if p["region_id"] != region_id:
+            reason = "sent by another region's worker"
+        else:
+            try:
+                at = datetime.fromisoformat(p["slot_at"]) if p["slot_at"] else None
+            except ValueError:
+                at = None
+            deadline = open_slots.get((p["task_id"], p["route_id"], p["region_id"], at))
+            if deadline is None:
+                reason = "no open slot for it"
+            elif sealed_at > deadline:
+                reason = "sent after its slot's deadline"
+        if reason:
+            log.warning("rejected result %s: %s", result_key(p), reason)
+            refused += 1
+        else:
+            admitted.append(p)
+    return admitted, refused
+
+
+def ingest_signed(envelope: object) -> int:
+    """Results as a region worker sends them (signed, monitor.pipeline.signing): stored only
+    for that region's open slots, sealed in time (`admit`); refused whole otherwise."""
+    try:
+        opened = signing.open_results(envelope, signing.KIND_RESULTS)
+    except signing.Refused as exc:
+        log.warning("refused a result message: %s", exc)
+        count_rejected(1)
+        return 0
+    return ingest(opened.body, from_region=opened.region_id, sealed_at=opened.sealed_at)
+
+
+def ingest(
+    message: object, *, from_region: int | None = None, sealed_at: datetime | None = None
+) -> int:
     """Store results from region workers (a list of ResultPayload); returns how many new rows
-    were written. What cannot be stored is logged, counted and skipped; the rest is kept."""
+    were written. What cannot be stored is logged, counted and skipped; the rest is kept.
+
+    `from_region`: the region whose key signed the message (the broker path,
+    monitor.tasks.ingest_results), with `sealed_at` when it signed them; then only results for
+    that region's open slots are kept (`admit`). Without it (trusted callers in this process)
+    every result is stored."""
+    now = timezone.now()
     if not isinstance(message, list):
         log.warning("rejected a result message: expected a list, got %s", type(message).__name__)
         count_rejected(1)
@@ -347,13 +513,21 @@ def ingest(message: object) -> int:
         except ContractError as exc:
             log.warning("rejected result %s: %s", result_key(item), exc)
             rejected += 1
-    prices = {r.pk: r for r in Route.objects.filter(pk__in={p["route_id"] for p in payloads})}
+    if from_region is not None:
+        payloads, refused_here = admit(payloads, from_region, sealed_at or now)
+        rejected += refused_here
+    prices = {
+        r.pk: r
+        for r in Route.objects.filter(pk__in={p["route_id"] for p in payloads}).select_related(
+            "provider"
+        )
+    }
+    rows_in = mark_reference(payloads, prices)
     # An eval case deleted since the probe was sent: the measurement still counts, ungraded
     # against a case that no longer exists (the foreign key would refuse the row).
     cases = _known_eval_cases(payloads)
-    now = timezone.now()
     rows = []
-    for payload in payloads:
+    for payload in rows_in:
         case_id = payload.get("eval_case_id")
         if case_id is not None and case_id not in cases:
             payload = {**payload, "eval_case_id": None}
@@ -368,9 +542,42 @@ def ingest(message: object) -> int:
         with connection.cursor() as cursor:
             cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
         inserted, refused = write_rows(rows)
-        _set_slot_status(inserted, SLOT_DONE, only_open=True)
+        # Open slots, and missed ones whose late result replaced the missed row.
+        _set_slot_status(inserted, SLOT_DONE, only_open=False)
         rollups.apply(inserted)
         count_rejected(rejected + refused)
+        if inserted and genai_otlp.enabled():
+            # Only what was stored, once stored (a rolled-back batch is redelivered).
+            transaction.on_commit(partial(genai_otlp.record, inserted, rows_in, prices))
+    return len(inserted)
+
+
+SlotKey = tuple[int, int, int, datetime]  # (task_id, route_id, region_id, slot_at)
+
+
+def record_missed(keys: Sequence[SlotKey], now: datetime, detail: str) -> int:
+    """Record each slot's one result as `missed` (unless it already has one) and mark the slot
+    missed; returns how many were recorded. Must run inside a transaction."""
+    rows = [
+        row_from_payload(
+            {
+                "task_id": task_id,
+                "route_id": route_id,
+                "region_id": region_id,
+                "slot_at": slot_at,
+                "started_at": slot_at,
+                "outcome": OUTCOME_MISSED,
+                "error_kind": Kind.MISSED,
+                "error_detail": detail,
+            },
+            {},
+            now,
+        )
+        for task_id, route_id, region_id, slot_at in keys
+    ]
+    inserted = insert_rows(rows)
+    _set_slot_status(inserted, SLOT_MISSED, only_open=False)
+    rollups.apply(inserted)
     return len(inserted)
 
 
@@ -385,29 +592,13 @@ def sweep_missed(now: datetime | None = None, limit: int = 5000) -> int:
         )
         if not expired:
             return 0
-        rows = [
-            row_from_payload(
-                {
-                    "task_id": slot.task_id,
-                    "route_id": slot.route_id,
-                    "region_id": slot.region_id,
-                    "slot_at": slot.slot_at,
-                    "started_at": slot.slot_at,
-                    "outcome": OUTCOME_MISSED,
-                    "error_kind": Kind.MISSED,
-                    "error_detail": "no result arrived by the slot's deadline",
-                },
-                {},
-                now,
-            )
-            for slot in expired
-        ]
-        inserted = insert_rows(rows)
         # Slots whose real result beat us to the row are done, not missed.
         ProbeSlot.objects.filter(pk__in=[s.pk for s in expired]).update(status=SLOT_DONE)
-        _set_slot_status(inserted, SLOT_MISSED, only_open=False)
-        rollups.apply(inserted)
-    return len(inserted)
+        return record_missed(
+            [(s.task_id, s.route_id, s.region_id, s.slot_at) for s in expired],
+            now,
+            "no result arrived by the slot's deadline",
+        )
 
 
 def delete_old_results(days: int, batch: int = 20_000) -> int:

@@ -3,7 +3,7 @@
 Each (task, route, region) probes every `task.probe_interval_s` seconds at a phase of its own
 inside the interval (a stable hash), so probes spread out instead of firing together; a race
 does the same per (task, region), with route 0 in the hash. A slot's number (whole intervals
-since EPOCH) picks its option combination and eval case, so successive slots cycle through them.
+since EPOCH) picks its option combination and eval case (`assignment`), independently.
 Which slots are due and who claims them is monitor.pipeline.scheduling's business.
 """
 
@@ -90,6 +90,13 @@ def starts_later(slot_at: datetime, now: datetime) -> bool:
     return settings.TICK_SECONDS <= settings.SLOT_GRACE_SECONDS and now > slot_at + grace()
 
 
+def in_time(slot_at: datetime, now: datetime) -> bool:
+    """Can a probe sent now still finish by the slot's deadline? Only while the slot is within
+    its grace: past that, its whole probe deadline no longer fits before the slot's deadline
+    (a scheduler that was down creates such slots late; they are recorded missed, not sent)."""
+    return now <= slot_at + grace()
+
+
 def expires_at(first_slot_at: datetime, now: datetime) -> datetime:
     """When a message stops being worth running: a worker that picks it up later could not
     finish before the deadlines of the slots it carries."""
@@ -130,6 +137,29 @@ def options_for(task: Task, provider: Provider) -> list[tuple[str, str, str, str
     )
 
 
+Variant = tuple[str, str, str, str]
+
+
+def assignment(
+    n: int, variants: list[Variant], reference: Variant, cases: int
+) -> tuple[Variant, int]:
+    """Slot number n's option combination and eval case (index), assigned independently.
+
+    Every other slot probes the reference set (what ranks routes, so it gathers samples at
+    half the probe rate however many options the task compares); the slots between cycle
+    through the other combinations. Within each, the eval cases cycle once per full turn of
+    the combinations, so over 2 x (combinations - 1) x cases slots every combination meets
+    every case equally often, and no option is tied to one question."""
+    others = [v for v in variants if v != reference]
+    if reference not in variants or not others:
+        pool = variants if reference not in variants else [reference]
+        return pool[n % len(pool)], (n // len(pool)) % cases if cases else 0
+    m = n // 2
+    if n % 2 == 0:
+        return reference, m % cases if cases else 0
+    return others[m % len(others)], (m // len(others)) % cases if cases else 0
+
+
 def _eval_spec(case: EvalCase) -> EvalSpec:
     return {
         "id": case.pk,
@@ -145,16 +175,18 @@ def probe_message(slot: Slot, eval_cases: list[EvalCase], n: int | None = None) 
     """What a region worker needs for one probe. JSON only; the API key travels encrypted
     (the worker holds FIELD_ENCRYPTION_KEYS, not database credentials).
 
-    The slot's number picks the option combination and the eval case, so successive slots
-    cycle through them; a race passes one `n` for all its lanes (the same request to each)."""
+    The slot's number picks the option combination and the eval case independently
+    (`assignment`), so successive slots cycle through them; a race passes one `n` for all its lanes (the same request to each)."""
     task, route, region = slot.task, slot.route, slot.region
     if n is None:
         phase = phase_s(task.pk, route.pk, region.pk, task.probe_interval_s)
         n = slot_number(slot.slot_at, phase, task.probe_interval_s)
     provider = route.provider
-    variants = options_for(task, provider)
-    http_version, body, connection_mode, prefix = variants[n % len(variants)]
-    case = eval_cases[n % len(eval_cases)] if eval_cases else None
+    variant, case_index = assignment(
+        n, options_for(task, provider), task.reference(provider), len(eval_cases)
+    )
+    http_version, body, connection_mode, prefix = variant
+    case = eval_cases[case_index] if eval_cases else None
     return {
         "slot": {
             "task_id": task.pk,

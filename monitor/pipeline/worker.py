@@ -1,8 +1,9 @@
 """The region worker: a batch or race message in, probes run, result payloads out.
 
 Runs inside a Celery worker that may have no database at all (RW_WORKER_ONLY): everything it
-needs is in the message (monitor.pipeline.messages), except the key to decrypt provider API
-keys and secret headers (FIELD_ENCRYPTION_KEYS). Probes run on one event loop per worker
+needs is in the message (monitor.pipeline.messages), except its region's keys (RW_REGION_KEYS),
+which open the provider keys and secret headers the beat re-encrypted for this region, and only
+for the origin they were entered for (monitor.pipeline.signing.open_secret). Probes run on one event loop per worker
 process that lives as long as the process, so warm connections (one pooled client per
 endpoint) survive from one batch to the next. Grading happens here, after the probe, outside
 its timed path. A message that does not match the contract is logged and dropped, never
@@ -26,7 +27,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 
 import probes
-from monitor.crypto import ApiKeyDecryptionError, decrypt_secret
+from monitor import limits
 from monitor.logfilters import register_secret
 from monitor.models import ProbeResult as ResultModel
 from monitor.pipeline.messages import (
@@ -39,6 +40,7 @@ from monitor.pipeline.messages import (
     probe_batch_from_json,
     race_message_from_json,
 )
+from monitor.pipeline.signing import SecretRefused, open_secret
 from probes.errors import Kind
 from probes.graders import GraderError
 from probes.model import ProbeResult as EngineResult
@@ -113,7 +115,15 @@ def _background_loop() -> asyncio.AbstractEventLoop:
 
 
 def run_on_loop(coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
-    return asyncio.run_coroutine_threadsafe(coro, _background_loop()).result(timeout_s)
+    """Run on the probe loop, waiting at most timeout_s. Whatever ends the wait early (the
+    timeout, Celery's soft time limit, a shutdown) cancels the coroutine: no probe keeps
+    running, and paying, on the loop after its batch has given up on it."""
+    future = asyncio.run_coroutine_threadsafe(coro, _background_loop())
+    try:
+        return future.result(timeout_s)
+    except BaseException:
+        future.cancel()  # cancels the task on the loop (asyncio chains the two futures)
+        raise
 
 
 # --- from a message to a ProbeSpec -------------------------------------------------------------
@@ -138,14 +148,15 @@ def connect_to(base_url: str, mapping: Mapping[str, str]) -> str | None:
     return mapping.get(f"{parts.hostname}:{port}")
 
 
-def secret_headers(token: str) -> dict[str, str]:
-    """Decrypt a route's secret headers (a JSON object of strings); {} when there are none."""
+def secret_headers(token: str, base_url: str) -> dict[str, str]:
+    """Decrypt a route's secret headers (a JSON object of strings); {} when there are none.
+    They open only for the origin they were entered for."""
     if not token:
         return {}
     try:
-        headers = json.loads(decrypt_secret(token))
-    except ApiKeyDecryptionError:
-        raise Unusable("secret headers cannot be decrypted with FIELD_ENCRYPTION_KEYS") from None
+        headers = json.loads(open_secret(token, base_url))
+    except SecretRefused as exc:
+        raise Unusable(f"secret headers refused: {exc}") from None
     except ValueError:
         # Said without the decoder's message: it would point into the plaintext, the secret.
         raise Unusable("secret headers are not a JSON object") from None
@@ -204,10 +215,12 @@ def spec_for(message: ProbeMessage, mapping: Mapping[str, str]) -> ProbeSpec:
     provider = message["provider"]
     token = provider["api_key_token"]
     try:
-        api_key = decrypt_secret(token) if token else ""
-    except ApiKeyDecryptionError as exc:
-        raise Unusable(str(exc)) from None
-    headers = secret_headers(message["request"]["secret_headers_token"])
+        api_key = open_secret(token, provider["base_url"])
+    except SecretRefused as exc:
+        # Never sent anywhere: a key for another origin, another region, or none we can open.
+        log.error("refused the API key of provider %s: %s", provider["slug"][:50], exc)
+        raise Unusable(f"API key refused: {exc}") from None
+    headers = secret_headers(message["request"]["secret_headers_token"], provider["base_url"])
     kwargs = spec_kwargs(message, connect_to(provider["base_url"], mapping), api_key, headers)
     unknown = sorted(set(kwargs) - _SPEC_FIELDS)
     if unknown:  # a worker older than the scheduler that sent the message
@@ -275,6 +288,13 @@ def error_payload(message: ProbeMessage, kind: str, detail: str) -> ResultPayloa
 # --- running them ----------------------------------------------------------------------------
 
 
+def _bound_s(prepared: list[tuple[ProbeMessage, ProbeSpec]], window_s: float) -> float:
+    """How long a batch may run: its spread, its longest deadline (never above the longest
+    allowed) and some slack, which stays under the task's soft time limit (monitor.limits)."""
+    longest = max((float(m["timeout_s"]) for m, _ in prepared), default=0.0)
+    return window_s + min(longest, limits.PROBE_TIMEOUT_MAX_S) + limits.AFTER_PROBES_S / 2
+
+
 async def _probe_all(
     prepared: list[tuple[ProbeMessage, ProbeSpec]], window_s: float
 ) -> list[ResultPayload]:
@@ -311,11 +331,10 @@ def run_batch(data: object) -> list[ResultPayload]:
             prepared.append((message, spec_for(message, mapping)))
         except Unusable as exc:
             payloads.append(error_payload(message, Kind.CONFIG, str(exc)))
-    timeout_s = max((float(m["timeout_s"]) for m, _ in prepared), default=0.0) + 60
     if prepared:
         # Spread the batch's starts over one scheduler tick (no burst of simultaneous sends).
-        window_s = float(min(settings.TICK_SECONDS, 10))
-        payloads.extend(run_on_loop(_probe_all(prepared, window_s), timeout_s + window_s))
+        window_s = float(min(settings.TICK_SECONDS, limits.BATCH_SPREAD_MAX_S))
+        payloads.extend(run_on_loop(_probe_all(prepared, window_s), _bound_s(prepared, window_s)))
     return payloads
 
 
@@ -361,8 +380,9 @@ def run_race(data: object) -> RaceResult | None:
                 "error_kind": Kind.CONFIG,
                 "input_tokens": None,
             }
-    timeout_s = float(message["timeout_s"]) + 60
-    started_at, outcome = run_on_loop(_race(lanes, message["reference_ms"]), timeout_s)
+    timeout_s = min(float(message["timeout_s"]), limits.PROBE_TIMEOUT_MAX_S)
+    bound_s = timeout_s + limits.AFTER_PROBES_S / 2
+    started_at, outcome = run_on_loop(_race(lanes, message["reference_ms"]), bound_s)
     results: dict[str, LaneResult] = {
         name: {
             "elapsed_ms": lane.elapsed_ms,

@@ -29,6 +29,7 @@ from monitor.models import (
     Rollup,
 )
 from monitor.stats import hist
+from probes.errors import counts_against_provider
 
 Key = tuple[str, datetime, int, int, int | None]
 
@@ -44,13 +45,18 @@ class ResultRow(NamedTuple):
     outcome: str
     error_kind: str
     ttft_ms: float | None
+    ttfat_ms: float | None
     e2e_ms: float | None
     tps: float | None
+    reference: bool
     quality_pass: bool | None
     cached_tokens: int | None
     input_tokens: int | None
     output_tokens: int | None
     cost_usd: Decimal | None
+    # A scenario's result (monitor.pipeline.scenarios) folds in as one row with its app e2e;
+    # probe results have none (ingest reads the columns above only).
+    app_e2e_ms: float | None = None
 
 
 def bucket_start(when: datetime, grain: str) -> datetime:
@@ -91,17 +97,32 @@ class _Delta(Counters):
     ttft: list[float] = field(default_factory=list)
     e2e: list[float] = field(default_factory=list)
     tps: list[float] = field(default_factory=list)
+    ttfat: list[float] = field(default_factory=list)
+    ref_ttft: list[float] = field(default_factory=list)
+    ref_ttfat: list[float] = field(default_factory=list)
+    ref_e2e: list[float] = field(default_factory=list)
+    app_e2e: list[float] = field(default_factory=list)
     last_probe_at: datetime | None = None
+    last_ok_at: datetime | None = None
 
     def add(self, r: ResultRow) -> None:
         if r.outcome == OUTCOME_OK:
             self.count_ok += 1
-            if r.ttft_ms is not None:
-                self.ttft.append(r.ttft_ms)
-            if r.e2e_ms is not None:
-                self.e2e.append(r.e2e_ms)
+            for value, into, ref_into in (
+                (r.ttft_ms, self.ttft, self.ref_ttft),
+                (r.ttfat_ms, self.ttfat, self.ref_ttfat),
+                (r.e2e_ms, self.e2e, self.ref_e2e),
+            ):
+                if value is not None:
+                    into.append(value)
+                    if r.reference:
+                        ref_into.append(value)
             if r.tps is not None:
                 self.tps.append(r.tps)
+            if r.app_e2e_ms is not None:
+                self.app_e2e.append(r.app_e2e_ms)
+            if self.last_ok_at is None or r.started_at > self.last_ok_at:
+                self.last_ok_at = r.started_at
         elif r.outcome == OUTCOME_MISSED:
             self.count_missed += 1
         else:
@@ -125,8 +146,19 @@ class _Delta(Counters):
 
 
 _KEY_COLUMNS = ("grain", "bucket_start", "task_id", "route_id", "region_id")
-_HISTOGRAMS = ("ttft_hist", "e2e_hist", "tps_hist")
-_COLUMNS = ", ".join((*_KEY_COLUMNS, *COUNTERS, "error_kinds", *_HISTOGRAMS, "last_probe_at"))
+# Scales of the histogram columns (the rest are milliseconds).
+_HISTOGRAMS = (
+    "ttft_hist",
+    "e2e_hist",
+    "tps_hist",
+    "ttfat_hist",
+    "ref_ttft_hist",
+    "ref_ttfat_hist",
+    "ref_e2e_hist",
+    "app_e2e_hist",
+)
+_LATEST = ("last_probe_at", "last_ok_at")
+_COLUMNS = ", ".join((*_KEY_COLUMNS, *COUNTERS, "error_kinds", *_HISTOGRAMS, *_LATEST))
 _UPSERT = f"""
 INSERT INTO monitor_rollup ({_COLUMNS}) VALUES {{values}}
 ON CONFLICT ({", ".join(_KEY_COLUMNS)}) DO UPDATE SET
@@ -136,25 +168,24 @@ ON CONFLICT ({", ".join(_KEY_COLUMNS)}) DO UPDATE SET
       SELECT k, sum(v::int) AS n FROM (
         SELECT * FROM jsonb_each_text(monitor_rollup.error_kinds)
         UNION ALL SELECT * FROM jsonb_each_text(EXCLUDED.error_kinds)
-      ) AS kinds(k, v) GROUP BY k
+      ) AS kinds(k, v) GROUP BY k HAVING sum(v::int) <> 0
     ) AS summed
   ),
   {", ".join(f"{c} = rw_pairs_add(monitor_rollup.{c}, EXCLUDED.{c})" for c in _HISTOGRAMS)},
-  last_probe_at = GREATEST(monitor_rollup.last_probe_at, EXCLUDED.last_probe_at)
+  {", ".join(f"{c} = GREATEST(monitor_rollup.{c}, EXCLUDED.{c})" for c in _LATEST)}
 """
 _ROW = (
     "("
     + ", ".join(
         ["%s"] * (len(_KEY_COLUMNS) + len(COUNTERS))
         + ["%s::jsonb"]
-        + ["%s"] * (len(_HISTOGRAMS) + 1)
+        + ["%s"] * (len(_HISTOGRAMS) + len(_LATEST))
     )
     + ")"
 )
 
 
-def apply(results: Iterable[ResultRow]) -> int:
-    """Fold results into the rollups; returns how many rollup rows were written."""
+def _deltas(results: Iterable[ResultRow]) -> dict[Key, _Delta]:
     deltas: dict[Key, _Delta] = {}
     for r in results:
         if r.task_id is None:
@@ -164,6 +195,29 @@ def apply(results: Iterable[ResultRow]) -> int:
             for region_id in (r.region_id, None):
                 key = (grain, start, r.task_id, r.route_id, region_id)
                 deltas.setdefault(key, _Delta()).add(r)
+    return deltas
+
+
+def apply(results: Iterable[ResultRow]) -> int:
+    """Fold results into the rollups; returns how many rollup rows were written."""
+    return _upsert(_deltas(results))
+
+
+def retract(missed: Iterable[ResultRow]) -> int:
+    """Take `missed` results back out of the rollups (ingest replaced them with the real,
+    late result). Only missed rows: they add counts and error kinds, never a histogram sample
+    or a last-probe time, so subtracting their counts undoes them exactly."""
+    deltas = _deltas(missed)
+    for d in deltas.values():
+        if d.ttft or d.e2e or d.tps or d.last_probe_at is not None or d.count_ok or d.count_error:
+            raise ValueError("only missed results can be retracted from the rollups")
+        for name in COUNTERS:
+            setattr(d, name, -getattr(d, name))
+        d.error_kinds = Counter({k: -n for k, n in d.error_kinds.items()})
+    return _upsert(deltas)
+
+
+def _upsert(deltas: dict[Key, _Delta]) -> int:
     if not deltas:
         return 0
     params: list[Any] = []
@@ -180,7 +234,13 @@ def apply(results: Iterable[ResultRow]) -> int:
                 hist.build(d.ttft, hist.MS),
                 hist.build(d.e2e, hist.MS),
                 hist.build(d.tps, hist.TPS),
+                hist.build(d.ttfat, hist.MS),
+                hist.build(d.ref_ttft, hist.MS),
+                hist.build(d.ref_ttfat, hist.MS),
+                hist.build(d.ref_e2e, hist.MS),
+                hist.build(d.app_e2e, hist.MS),
                 d.last_probe_at,
+                d.last_ok_at,
             ]
         )
     sql = _UPSERT.replace("{values}", ", ".join([_ROW] * len(deltas)))
@@ -198,11 +258,34 @@ class Stats(Counters):
     ttft_counts: dict[int, int] = field(default_factory=dict)
     e2e_counts: dict[int, int] = field(default_factory=dict)
     tps_counts: dict[int, int] = field(default_factory=dict)
+    ttfat_counts: dict[int, int] = field(default_factory=dict)
+    ref_ttft_counts: dict[int, int] = field(default_factory=dict)
+    ref_ttfat_counts: dict[int, int] = field(default_factory=dict)
+    ref_e2e_counts: dict[int, int] = field(default_factory=dict)
+    app_e2e_counts: dict[int, int] = field(default_factory=dict)
     last_probe_at: datetime | None = None
+    last_ok_at: datetime | None = None
 
     @property
     def error_rate(self) -> float | None:
+        """Every failure, ours included (missed slots, configuration): the probe log's view.
+        Availability (what the bar judges) is `provider_error_rate`."""
         return (self.count_error + self.count_missed) / self.count if self.count else None
+
+    @property
+    def provider_errors(self) -> int:
+        """Failures that count against the provider (probes.errors.Kind.counts_against_provider);
+        a kind we no longer know counts against it."""
+        return sum(n for kind, n in self.error_kinds.items() if counts_against_provider(kind))
+
+    @property
+    def attempts(self) -> int:
+        """Probes that tell about the provider's availability: successes and its failures."""
+        return self.count_ok + self.provider_errors
+
+    @property
+    def provider_error_rate(self) -> float | None:
+        return self.provider_errors / self.attempts if self.attempts else None
 
     @property
     def pass_rate(self) -> float | None:
@@ -225,14 +308,27 @@ class Stats(Counters):
     def tps(self, q: int) -> float | None:
         return self._percentile(self.tps_counts, q, hist.TPS)
 
-    def metric(self, name: str) -> float | None:
-        """A latency metric by name: e2e_p50, ttft_p95, ..."""
-        kind, _, q = name.partition("_p")
-        if kind == "e2e":
-            return self.e2e_ms(int(q))
-        if kind == "ttft":
-            return self.ttft_ms(int(q))
-        raise ValueError(f"unknown latency metric {name!r}")
+    def ttfat_ms(self, q: int) -> float | None:
+        return self._percentile(self.ttfat_counts, q, hist.MS)
+
+    def app_e2e_ms(self, q: int) -> float | None:
+        return self._percentile(self.app_e2e_counts, q, hist.MS)
+
+    def counts_for(self, name: str, *, reference: bool = False) -> dict[int, int]:
+        """The histogram behind a latency metric (e2e_p50, ttft_p95, ttfat_p50, ...): all
+        probes, or the reference option set's only (what ranks routes). Scenarios always
+        run the reference options: app_e2e has one histogram."""
+        kind, _, _ = name.rpartition("_p")
+        if kind == "app_e2e":
+            return self.app_e2e_counts
+        if kind not in ("e2e", "ttft", "ttfat"):
+            raise ValueError(f"unknown latency metric {name!r}")
+        return getattr(self, f"{'ref_' if reference else ''}{kind}_counts")  # type: ignore[no-any-return]
+
+    def metric(self, name: str, *, reference: bool = False) -> float | None:
+        """A latency metric by name: e2e_p50, ttft_p95, ttfat_p95, ..."""
+        q = int(name.rpartition("_p")[2])
+        return self._percentile(self.counts_for(name, reference=reference), q, hist.MS)
 
     def add_row(self, row: Rollup) -> None:
         """Fold one rollup row in (reads of many rows go through stats_by, in SQL)."""
@@ -240,10 +336,9 @@ class Stats(Counters):
             setattr(self, name, getattr(self, name) + getattr(row, name))
         for kind, n in row.error_kinds.items():
             self.error_kinds[kind] = self.error_kinds.get(kind, 0) + int(n)
-        hist.add_into(self.ttft_counts, row.ttft_hist)
-        hist.add_into(self.e2e_counts, row.e2e_hist)
-        hist.add_into(self.tps_counts, row.tps_hist)
-        self._seen(row.last_probe_at)
+        for column in _HISTOGRAMS:
+            hist.add_into(self._counts(column), getattr(row, column))
+        self._seen(row.last_probe_at, row.last_ok_at)
 
     def add(self, other: Stats) -> None:
         """Fold another window's or key's stats in (e.g. a task's routes into its total)."""
@@ -251,18 +346,21 @@ class Stats(Counters):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for kind, n in other.error_kinds.items():
             self.error_kinds[kind] = self.error_kinds.get(kind, 0) + n
-        for mine, theirs in (
-            (self.ttft_counts, other.ttft_counts),
-            (self.e2e_counts, other.e2e_counts),
-            (self.tps_counts, other.tps_counts),
-        ):
+        for column in _HISTOGRAMS:
+            mine, theirs = self._counts(column), other._counts(column)
             for bucket, n in theirs.items():
                 mine[bucket] = mine.get(bucket, 0) + n
-        self._seen(other.last_probe_at)
+        self._seen(other.last_probe_at, other.last_ok_at)
 
-    def _seen(self, last_probe_at: datetime | None) -> None:
+    def _counts(self, column: str) -> dict[int, int]:
+        """The merged counts of a histogram column (ttft_hist -> ttft_counts)."""
+        return getattr(self, column.removesuffix("_hist") + "_counts")  # type: ignore[no-any-return]
+
+    def _seen(self, last_probe_at: datetime | None, last_ok_at: datetime | None) -> None:
         if last_probe_at and (self.last_probe_at is None or last_probe_at > self.last_probe_at):
             self.last_probe_at = last_probe_at
+        if last_ok_at and (self.last_ok_at is None or last_ok_at > self.last_ok_at):
+            self.last_ok_at = last_ok_at
 
 
 def _pairs(counts: dict[int, int]) -> hist.Pairs:
@@ -304,11 +402,10 @@ def stats_by(
         **{f"s_{name}": Sum(name) for name in COUNTERS},
         "s_error_kinds": JSONBAgg("error_kinds", filter=~Q(error_kinds={})),
         "s_last_probe_at": Max("last_probe_at"),
+        "s_last_ok_at": Max("last_ok_at"),
     }
     if histograms:
-        aggregates.update(
-            s_ttft_hist=_Cat("ttft_hist"), s_e2e_hist=_Cat("e2e_hist"), s_tps_hist=_Cat("tps_hist")
-        )
+        aggregates.update({f"s_{column}": _Cat(column) for column in _HISTOGRAMS})
     merged: dict[tuple[int | None, ...], Stats] = {}
     for row in qs.order_by().values(*key_fields).annotate(**aggregates):
         stats = Stats()
@@ -318,9 +415,9 @@ def stats_by(
             for kind, n in kinds.items():
                 stats.error_kinds[kind] = stats.error_kinds.get(kind, 0) + int(n)
         if histograms:
-            hist.add_into(stats.ttft_counts, row["s_ttft_hist"])
-            hist.add_into(stats.e2e_counts, row["s_e2e_hist"])
-            hist.add_into(stats.tps_counts, row["s_tps_hist"])
+            for column in _HISTOGRAMS:
+                hist.add_into(stats._counts(column), row[f"s_{column}"])
         stats.last_probe_at = row["s_last_probe_at"]
+        stats.last_ok_at = row["s_last_ok_at"]
         merged[tuple(row[f] for f in key_fields)] = stats
     return merged

@@ -1,57 +1,87 @@
 """The fastest qualifying route: the one question the product answers.
 
-For a task and a region, over a window: among the task's routes that clear its quality bar
-with enough samples, the one lowest on the task's latency metric (default p50 e2e).
+For a task and a region, over a window: among the task's routes that clear its bar, the one
+lowest on the task's ranking metric (Task.ranking_metric), measured on the task's reference
+option set only (Task.reference: other option probes feed comparisons, never the ranking).
 
-Rules, in order:
-- Quality bar: if the task sets `min_pass_rate`, a route needs at least MIN_GRADED graded
-  probes in the window (all regions together: quality does not depend on where you call from)
-  and a pass rate at or above the bar. If it sets `min_quality_index`, the route's external
-  index must be at or above it. A task with neither bar lets every route qualify.
-- Enough samples: the route needs enough successful probes in this region for the metric's
-  percentile (monitor.stats.hist.MIN_SAMPLES); otherwise it is "too few samples", not ranked.
-- Lowest metric wins. Ties (equal to the millisecond) go to the lower p95 e2e, then the lower
-  price for the task's token counts, then the lower route id, so the answer is deterministic.
-- No route qualifies: `winner` is None and every candidate carries the reason it was left out.
+A route qualifies when, in order:
+- Quality: with `min_quality_index`, the route's external index is at or above it. With
+  `min_pass_rate`, the route has at least Task.graded_needed() graded probes in the window (all
+  regions together: quality does not depend on where you call from) and the whole 95% Wilson
+  interval of its pass rate is at or above the bar (monitor.stats.confidence): 8 of 10 does
+  not clear 80%, it might be 49%.
+- Availability: its error rate in this region, counting only failures that are the
+  provider's or the network's (probes.errors.Kind.counts_against_provider), is at or below
+  Task.error_ceiling().
+- Working: it has succeeded recently (a route whose recent probes all failed is failing, not
+  fresh).
+- Enough samples: enough successful reference probes in this region for the metric's
+  percentile (monitor.stats.hist.MIN_SAMPLES).
+
+Among qualifying routes the lowest metric ranks first. Ties (equal to the millisecond) go to
+the lower p95 e2e, then the lower price for the task's token counts, then the lower route id.
+A batch task prefers the cheapest of the routes tied within noise with the fastest.
+
+Stability: the current winner (the incumbent, monitor.models.WinnerChange) stays the winner
+unless it stops qualifying or a challenger is faster with confidence (its 95% interval wholly
+below the incumbent's). Routes whose intervals overlap the winner's are "tied within noise".
+Two routes 1% apart therefore never swap back and forth, and a route 30% faster (lognormal
+spread, sigma 0.3) takes over after a median of about 10 of its probes in the window, within
+30 in 95% of cases (tests/monitor/test_trust.py measures both).
+No route qualifies: `winner` is None and every candidate carries the reason it was left out.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
 from typing import TypeVar
 
 from django.db.models import QuerySet
 
-from monitor.models import GRAIN_HOUR, Region, Rollup, Route, Task
+from monitor.models import GRAIN_HOUR, Region, Rollup, Route, Task, fresh_within
 from monitor.stats import rollups
+from monitor.stats.confidence import NO_ESTIMATE, Estimate, Rate, percentile
 from monitor.stats.rollups import Stats
-
-MIN_GRADED = 10
 
 K = TypeVar("K")
 
 REASON_QUALITY = "below the quality bar"
 REASON_UNGRADED = "too few graded probes"
 REASON_NO_INDEX = "no quality index"
+REASON_ERRORS = "fails too often"
+REASON_FAILING = "failing"
 REASON_FEW_SAMPLES = "too few samples"
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:.0f}%" if x >= 0.1 or x == 0 else f"{x * 100:.1f}%"
 
 
 @dataclass(frozen=True)
 class Candidate:
     route: Route
-    metric_ms: float | None
-    pass_rate: float | None
+    metric: Estimate  # the ranking metric over the reference probes in this region
+    pass_rate: Rate | None  # all regions; None when nothing was graded
+    errors: Rate  # the provider's failures out of its attempts, in this region
     qualifies: bool
-    reason: str  # why it does not qualify ("" when it does)
+    reason: str  # why it does not qualify ("" when it does): one of the REASON_ constants
+    detail: str = ""  # the reason with its numbers, for people
+    tied: bool = False  # qualifies and within noise of the winner
+
+    @property
+    def metric_ms(self) -> float | None:
+        return self.metric.point
 
 
 @dataclass(frozen=True)
 class Choice:
     winner: Candidate | None
-    candidates: list[Candidate]  # ranked: qualifying by metric first, then the rest
+    candidates: list[Candidate]  # the winner, then the qualifying by metric, then the rest
+    metric: str = ""
+    change: str = ""  # why the winner is not the incumbent ("" when it is, or both are None)
 
     @property
     def reason(self) -> str:
@@ -59,21 +89,73 @@ class Choice:
             return ""
         if not self.candidates:
             return "no candidate routes"
-        return "no route meets the quality bar with enough samples"
+        return "no route meets the bar with enough samples"
+
+    @property
+    def runner_up(self) -> Candidate | None:
+        rest = [c for c in self.candidates[1:] if c.qualifies]
+        return rest[0] if self.winner and rest else None
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.change)
 
 
-def quality_verdict(task: Task, route: Route, quality: Stats | None) -> tuple[bool, str]:
+def quality_verdict(task: Task, route: Route, quality: Stats | None) -> tuple[bool, str, str]:
+    """(qualifies, reason, detail) on the quality bar alone."""
     if task.min_quality_index is not None and (
         route.quality_index is None or route.quality_index < task.min_quality_index
     ):
-        return False, REASON_NO_INDEX if route.quality_index is None else REASON_QUALITY
+        if route.quality_index is None:
+            return False, REASON_NO_INDEX, "no quality index to hold against the bar"
+        return (
+            False,
+            REASON_QUALITY,
+            f"quality index {route.quality_index:g} below {task.min_quality_index:g}",
+        )
     if task.min_pass_rate is not None:
-        if quality is None or quality.graded < MIN_GRADED:
-            return False, REASON_UNGRADED
-        assert quality.pass_rate is not None
-        if quality.pass_rate < task.min_pass_rate:
-            return False, REASON_QUALITY
-    return True, ""
+        needed = task.graded_needed()
+        if quality is None or quality.graded < needed:
+            graded = quality.graded if quality else 0
+            return False, REASON_UNGRADED, f"{graded} of {needed} graded probes needed"
+        rate = Rate(quality.passed, quality.graded)
+        assert rate.low is not None
+        assert rate.high is not None
+        if rate.low < task.min_pass_rate:
+            return (
+                False,
+                REASON_QUALITY,
+                f"pass rate {quality.passed}/{quality.graded} "
+                f"({_pct(rate.low)}-{_pct(rate.high)}) not surely at or above "
+                f"{_pct(task.min_pass_rate)}",
+            )
+    return True, "", ""
+
+
+def availability_verdict(
+    task: Task, stats: Stats | None, now: datetime | None
+) -> tuple[bool, str, str]:
+    """(qualifies, reason, detail) on errors and on recent success, in one region."""
+    if stats is None:
+        return True, "", ""
+    errors = Rate(stats.provider_errors, stats.attempts)
+    ceiling = task.error_ceiling()
+    if errors.point is not None and errors.point > ceiling:
+        return (
+            False,
+            REASON_ERRORS,
+            f"{_pct(errors.point)} errors ({errors.k} of {errors.n}), above the "
+            f"{_pct(ceiling)} ceiling",
+        )
+    stale_after = task.stale_after()
+    if (
+        now is not None
+        and fresh_within(stats.last_probe_at, now, stale_after)
+        and not fresh_within(stats.last_ok_at, now, stale_after)
+    ):
+        since = f" since {stats.last_ok_at:%Y-%m-%d %H:%M} UTC" if stats.last_ok_at else ""
+        return False, REASON_FAILING, f"every recent probe failed (no success{since})"
+    return True, "", ""
 
 
 @dataclass
@@ -121,34 +203,95 @@ def choose(
     routes: Sequence[Route],
     latency: Mapping[int, Stats],
     quality: Mapping[int, Stats],
+    *,
+    now: datetime | None = None,
+    incumbent: int | None = None,
 ) -> Choice:
-    """`latency`: per route id, stats in this region; `quality`: per route id, all regions."""
+    """`latency`: per route id, stats in this region; `quality`: per route id, all regions;
+    `incumbent`: the current winner's route id (monitor.stats.winners), kept unless it stops
+    qualifying or a challenger is faster with confidence; `now` judges "failing"."""
+    metric = task.ranking_metric(routes)
+    q = int(metric.partition("_p")[2])
     candidates: list[Candidate] = []
     for route in routes:
         region_stats = latency.get(route.pk)
-        metric = region_stats.metric(task.latency_metric) if region_stats else None
+        estimate = (
+            percentile(region_stats.counts_for(metric, reference=True), q)
+            if region_stats
+            else NO_ESTIMATE
+        )
         quality_stats = quality.get(route.pk)
-        ok, reason = quality_verdict(task, route, quality_stats)
-        if ok and metric is None:
+        ok, reason, detail = quality_verdict(task, route, quality_stats)
+        if ok:
+            ok, reason, detail = availability_verdict(task, region_stats, now)
+        if ok and estimate.point is None:
             ok, reason = False, REASON_FEW_SAMPLES
+            detail = f"{estimate.n} reference probes, too few for {metric.replace('_', ' ')}"
         candidates.append(
             Candidate(
                 route=route,
-                metric_ms=metric,
-                pass_rate=quality_stats.pass_rate if quality_stats else None,
+                metric=estimate,
+                pass_rate=Rate(quality_stats.passed, quality_stats.graded)
+                if quality_stats and quality_stats.graded
+                else None,
+                errors=Rate(region_stats.provider_errors, region_stats.attempts)
+                if region_stats
+                else Rate(0, 0),
                 qualifies=ok,
                 reason=reason,
+                detail=detail,
             )
         )
+
+    def price(c: Candidate) -> Decimal:
+        return c.route.cost_usd(task.input_tokens, task.max_tokens)
 
     def rank(c: Candidate) -> tuple[int, float, float, Decimal, int]:
         stats = latency.get(c.route.pk)
         p95 = (stats.e2e_ms(95) if stats else None) or float("inf")
-        price = c.route.cost_usd(task.input_tokens, task.max_tokens)
         # Equal to the millisecond counts as a tie.
-        metric = float(round(c.metric_ms)) if c.metric_ms is not None else float("inf")
-        return (0 if c.qualifies else 1, metric, p95, price, c.route.pk)
+        value = float(round(c.metric_ms)) if c.metric_ms is not None else float("inf")
+        return (0 if c.qualifies else 1, value, p95, price(c), c.route.pk)
+
+    def tied(a: Candidate, b: Candidate) -> bool:
+        return not a.metric.faster_than(b.metric) and not b.metric.faster_than(a.metric)
 
     candidates.sort(key=rank)
-    winner = candidates[0] if candidates and candidates[0].qualifies else None
-    return Choice(winner=winner, candidates=candidates)
+    qualifying = [c for c in candidates if c.qualifies]
+    if not qualifying:
+        change = "" if incumbent is None else "no route qualifies any more"
+        return Choice(winner=None, candidates=candidates, metric=metric, change=change)
+    best = qualifying[0]
+    if task.defaults.prefer_cheaper and not task.latency_metric:
+        best = min((c for c in qualifying if tied(c, best)), key=lambda c: (price(c), rank(c)))
+    held = next((c for c in qualifying if c.route.pk == incumbent), None)
+    if held is not None and (held is best or not best.metric.faster_than(held.metric)):
+        winner, change = held, ""
+    else:
+        winner = best
+        if incumbent is None:
+            change = "first route to qualify"
+        elif held is None:
+            gone = next((c for c in candidates if c.route.pk == incumbent), None)
+            change = (
+                f"{gone.route} stopped qualifying: {gone.detail or gone.reason}"
+                if gone
+                else "the previous winner is no longer a candidate"
+            )
+        else:
+            change = (
+                f"faster with confidence: {_range(best.metric)} against {held.route}'s "
+                f"{_range(held.metric)} ({metric.replace('_', ' ')})"
+            )
+    ordered = [winner] + [c for c in candidates if c is not winner]
+    marked = [
+        c if c is winner or not c.qualifies else replace(c, tied=tied(c, winner)) for c in ordered
+    ]
+    return Choice(winner=winner, candidates=marked, metric=metric, change=change)
+
+
+def _range(e: Estimate) -> str:
+    def ms(v: float | None) -> str:
+        return "?" if v is None else f"{v:.0f} ms"
+
+    return f"{ms(e.point)} ({ms(e.low)}-{ms(e.high)})"

@@ -33,3 +33,28 @@ def tps(value: float | None) -> str:
 @register.filter
 def pct(value: float | None) -> str:
     return DASH if value is None else f"{value * 100:.0f}%"
+
+
+def _end(value: float | None, unit: str) -> str:
+    if value is None:
+        return "?"
+    return ms(value) if unit == "ms" else pct(value)
+
+
+@register.simple_tag
+def interval(low: float | None, high: float | None, unit: str = "ms") -> str:
+    """A 95% interval, "(1.05 s to 1.41 s)" with an en dash; an end the samples cannot give shows as "?"
+    (monitor.stats.confidence)."""
+    if low is None and high is None:
+        return ""
+    return f"({_end(low, unit)}\u2013{_end(high, unit)})"
+
+
+@register.simple_tag
+def errors(k: int, n: int) -> str:
+    """The provider's failures out of its attempts: "2.1% (3 of 140)"."""
+    if not n:
+        return DASH
+    rate = k / n * 100
+    shown = f"{rate:.1f}%" if 0 < rate < 10 else f"{rate:.0f}%"
+    return f"{shown} ({k} of {n})"

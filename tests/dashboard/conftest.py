@@ -98,7 +98,9 @@ def configure(base_url: str) -> World:
         max_tokens=80,  # room for every simulated answer and its ANSWER line
         probe_interval_s=60,
         probe_timeout_s=10,
+        latency_metric="e2e_p50",
         min_pass_rate=0.8,
+        min_graded=10,
         ttft_p95_budget_ms=1000,
         e2e_p95_budget_ms=3000,
         http_versions=["1.1", "2"],

@@ -13,8 +13,9 @@ Acme / fast-model and Acme / slow-model ($1 / M input, $2 / M output; each probe
   US-EAST  this   2 ok, 18 http_5xx               20 ok, TTFT 800, e2e 4000
 
 So this week: EU-WEST changed to fast-model (a faster route appeared), US-EAST changed to
-slow-model (fast-model's errors), slow-model in US-EAST regressed on e2e p50 and p95 (+33%),
-18 errors of 80 probes (22.5%), spend $0.1120; last week 0 of 60, $0.0840.
+slow-model (fast-model's errors), slow-model in US-EAST regressed on e2e p50 (+33%, with
+confidence; its p95 rose as much, but 20 samples give a p95 no upper bound, so that rise is not
+a confident regression: monitor.stats.confidence), 18 errors of 80 probes (22.5%), spend $0.1120; last week 0 of 60, $0.0840.
 """
 
 from __future__ import annotations
@@ -156,6 +157,7 @@ def scenario(db: None) -> Scenario:
         name="Summarise",
         slug="summarise",
         user_template="Q: {input}",
+        latency_metric="e2e_p50",
         ttft_p95_budget_ms=600,
         e2e_p95_budget_ms=3000,
     )

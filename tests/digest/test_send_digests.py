@@ -68,7 +68,7 @@ def test_due_subscribers_each_receive_exactly_one_digest_with_the_seeded_figures
     assert len(smtp.to("teammate@example.com")) == 1
     assert smtp.to("outsider@example.com") == []
     message = smtp.to("owner@example.com")[0]
-    assert message["Subject"] == "Routewatch weekly: 1 task, 2 route changes, 2 regressions"
+    assert message["Subject"] == "Routewatch weekly: 1 task, 2 route changes, 1 regression"
     text = text_of(message)
 
     eu = _region_block(text, "EU-WEST")
@@ -85,13 +85,14 @@ def test_due_subscribers_each_receive_exactly_one_digest_with_the_seeded_figures
     assert us.startswith(
         "* US-EAST: Acme / slow-model (changed, errors; last week Acme / fast-model)"
     )
-    assert "Acme / fast-model failed 90.0% of its probes (20 probes)." in us
+    assert "Acme / fast-model failed 90.0% of its probes (18 of 20)." in us
     assert _near(_figure(us, "e2e p50"), 4000)
     assert "Budget TTFT p95 600 ms: over budget" in us
     assert "Budget e2e p95 3000 ms: over budget" in us
 
     regressions = re.findall(r"- Acme / slow-model in US-EAST: (e2e p\d\d) .* \(\+(\d+)%\)", text)
-    assert sorted(label for label, _ in regressions) == ["e2e p50", "e2e p95"]
+    # p95 rose as much, but 20 samples give a p95 no upper bound: not a confident regression.
+    assert sorted(label for label, _ in regressions) == ["e2e p50"]
     assert all(28 <= int(pct) <= 38 for _, pct in regressions)  # 3000 -> 4000 ms is +33%
     assert "Latency budgets: met in 1 of 2 regions." in text
     assert "Errors: 22.5% of 80 probes (last week 0.0% of 60): http_5xx 18" in text
@@ -277,7 +278,7 @@ def test_send_digests_dry_run_prints_what_would_go_and_sends_nothing(
     printed = out.getvalue()
     assert "would send to owner@example.com [owner]" in printed
     assert "would send to teammate@example.com [teammate]" in printed
-    assert "Routewatch weekly: 1 task, 2 route changes, 2 regressions" in printed
+    assert "Routewatch weekly: 1 task, 2 route changes, 1 regression" in printed
     assert "outsider" not in printed
     assert "2 digest(s) due; dry run, nothing sent." in printed
     assert len(smtp) == 0
@@ -344,5 +345,5 @@ def test_the_demo_file_backend_writes_each_digest_to_a_file(
     assert sending.send_due(NOW) == sending.SendSummary(sent=1)
     [written] = list(tmp_path.iterdir())
     content = written.read_text()
-    assert "Subject: Routewatch weekly: 1 task, 2 route changes, 2 regressions" in content
+    assert "Subject: Routewatch weekly: 1 task, 2 route changes, 1 regression" in content
     assert "To: owner@example.com" in content

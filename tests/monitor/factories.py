@@ -6,7 +6,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from monitor.models import Provider, Region, Route, Task
+from monitor.models import Provider, Region, RegionKey, Route, Task
 
 
 def provider(slug: str = "acme", **kw: Any) -> Provider:
@@ -29,12 +29,18 @@ def route(p: Provider, model: str, **kw: Any) -> Route:
 
 
 def region(slug: str) -> Region:
-    return Region.objects.create(name=slug.upper(), slug=slug)
+    """A region with one active key (monitor.pipeline.signing): the beat can send to it."""
+    g = Region.objects.create(name=slug.upper(), slug=slug)
+    RegionKey.issue(g)
+    return g
 
 
 def task(slug: str, routes: list[Route], regions: list[Region], **kw: Any) -> Task:
     kw.setdefault("user_template", "Q: {input}")
     kw.setdefault("probe_interval_s", 60)
+    # The tests here were written for e2e p50; latency-class defaults have tests of their own.
+    kw.setdefault("latency_metric", "e2e_p50")
+    kw.setdefault("min_graded", 10)
     t = Task.objects.create(name=slug.title(), slug=slug, **kw)
     t.routes.set(routes)
     t.regions.set(regions)
@@ -49,6 +55,7 @@ def payload(
     *,
     slot: bool = True,
     ttft_ms: float = 500.0,
+    ttfat_ms: float | None = None,
     e2e_ms: float = 2000.0,
     tps: float = 100.0,
     outcome: str = "ok",
@@ -63,6 +70,7 @@ def payload(
         "slot_at": at.isoformat() if slot else None,
         "started_at": at.isoformat(),
         "ttft_ms": ttft_ms if outcome == "ok" else None,
+        "ttfat_ms": ttfat_ms if outcome == "ok" else None,
         "e2e_ms": e2e_ms if outcome == "ok" else None,
         "tps": tps if outcome == "ok" else None,
         "outcome": outcome,

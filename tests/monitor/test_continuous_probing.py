@@ -20,7 +20,8 @@ from django.db import connection
 from django.db.models import Count
 
 from devstack import embedded
-from monitor.models import ProbeResult, ProbeSlot, Provider, Region, Route, Task
+from devstack.stack import SERVER_ONLY_SECRETS
+from monitor.models import ProbeResult, ProbeSlot, Provider, Region, RegionKey, Route, Task
 from monitor.pipeline import ingest
 from simulator.testing import CONFIGS, SimulatorProcess, free_port
 from tests import support
@@ -28,6 +29,8 @@ from tests import support
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 REGIONS = [("r-near", 10), ("r-mid", 40), ("r-far", 120)]
+# Each region's RW_REGION_KEYS value, issued when the regions are made.
+KEYS: dict[str, str] = {}
 INTERVAL_S = 10
 
 
@@ -85,6 +88,9 @@ def _configure(sim: SimulatorProcess) -> None:
         Route.objects.create(provider=claud, model_id="claudish-mid"),
     ]
     regions = [Region.objects.create(name=slug, slug=slug) for slug, _ in REGIONS]
+    for region in regions:
+        key, secret = RegionKey.issue(region)
+        KEYS[region.slug] = f"{key.key_id}:{secret}"
     for slug in ("task-a", "task-b"):
         task = Task.objects.create(
             name=slug,
@@ -138,6 +144,10 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
                     "worker", "-Q", f"probes.{slug}", "-c", "2", "-n", f"{slug}@%h", "-l", "INFO"
                 ),
                 {
+                    # The broker and this region's key only: no server secrets.
+                    **dict.fromkeys(SERVER_ONLY_SECRETS, ""),
+                    "RW_REGION": slug,
+                    "RW_REGION_KEYS": KEYS[slug],
                     "RW_WORKER_ONLY": "true",
                     "DATABASE_URL": "",
                     "RW_CONNECT_TO": f"127.0.0.1:{sim.port}=127.0.0.1:{port}",

@@ -16,7 +16,7 @@ from monitor.models import GRAIN_DAY, GRAIN_HOUR, HourStrip, Region, Rollup, Rou
 from monitor.pages import route as pages_route
 from monitor.pages.common import RANGES
 from monitor.pipeline import ingest
-from monitor.stats import rollups
+from monitor.stats import hist, rollups
 from tests.monitor import factories as f
 from tests.support import SERIES_METRICS, unfold_series
 
@@ -59,6 +59,7 @@ def _probe_days(task: Task, routes: list[Route], regions: list[Region], seed: in
                         region,
                         at + timedelta(seconds=rng.randrange(60)),
                         ttft_ms=rng.lognormvariate(6, 0.5),
+                        ttfat_ms=rng.lognormvariate(6.5, 0.5),
                         e2e_ms=rng.lognormvariate(8, 0.4),
                         tps=rng.lognormvariate(4.5, 0.3),
                         outcome=outcome,
@@ -84,7 +85,13 @@ def _strips() -> dict[tuple[int, int, int | None, datetime], list[object]]:
 def _expected_point(row: Rollup | None) -> list[float | None] | None:
     if row is None:
         return None
-    return [*row.ttft_pcts, *row.e2e_pcts, *row.tps_pcts]
+    ttfat = hist.percentiles(row.ttfat_hist, (50, 95, 99), hist.MS)
+    return [*row.ttft_pcts, *row.e2e_pcts, *row.tps_pcts, *(_tenth(v) for v in ttfat)]
+
+
+def _tenth(value: float | None) -> float | None:
+    """As rw_pairs_pcts rounds (charts show 0.1 ms)."""
+    return None if value is None else round(value, 1)
 
 
 @pytest.mark.django_db

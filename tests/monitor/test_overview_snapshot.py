@@ -31,7 +31,14 @@ def world(db: None):
 def _probe(t, route, region, now, ttft_ms: float, n: int = 20) -> None:
     ingest.ingest(
         [
-            f.payload(t, route, region, now - timedelta(seconds=5 + i), ttft_ms=ttft_ms)
+            f.payload(
+                t,
+                route,
+                region,
+                now - timedelta(seconds=5 + i),
+                ttft_ms=ttft_ms,
+                e2e_ms=3 * ttft_ms,
+            )
             for i in range(n)
         ]
     )

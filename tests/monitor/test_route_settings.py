@@ -10,7 +10,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from monitor.crypto import decrypt_secret
+from monitor.crypto import decrypt_bound
 from monitor.models import Provider, Route
 
 CANARY = "gw-canary-91c3e5a7f2d4b6"
@@ -122,7 +122,8 @@ def test_secret_headers_are_write_only_encrypted_and_never_logged(
     assert add.status_code == 200
     route = Route.objects.get(model_id="gpt-5.5")
     assert CANARY not in route.secret_headers_encrypted
-    assert json.loads(decrypt_secret(route.secret_headers_encrypted)) == {"x-gateway-key": CANARY}
+    stored = decrypt_bound(route.secret_headers_encrypted, route.provider.base_url)
+    assert json.loads(stored) == {"x-gateway-key": CANARY}
     change = reverse("admin:monitor_route_change", args=[route.pk])
     pages = [
         add,

@@ -16,9 +16,9 @@ import pytest
 from django.utils import timezone
 
 from monitor import celery_app, tasks
-from monitor.crypto import encrypt_secret
-from monitor.models import ProbeResult
-from monitor.pipeline import ingest, messages, races, scheduling, slots, worker
+from monitor.crypto import encrypt_bound, origin_of
+from monitor.models import ProbeResult, RegionKey
+from monitor.pipeline import ingest, messages, races, scheduling, signing, slots, worker
 from probes.model import ProbeSpec
 from simulator.testing import SimulatorProcess
 from tests.monitor import factories as f
@@ -108,8 +108,23 @@ def test_the_tick_sends_what_was_planned_to_each_region_queue(world) -> None:
     def key(r: tuple[Any, ...]) -> tuple[str, str]:
         return (r[0], r[1])
 
+    # Each travels signed for its region, its secrets re-encrypted for that region only.
+    opened = []
+    for queue, task_name, envelope, expires in received:
+        row = RegionKey.objects.get(region__slug=queue.removeprefix("probes."))
+        keys = {row.key_id: signing.RegionSecret(row.key_id, row.get_secret())}
+        kind = signing.KIND_BATCH if task_name == messages.RUN_PROBE_BATCH else signing.KIND_RACE
+        _, env = signing.verify(envelope, keys, queue.removeprefix("probes."), kind)
+        for probe in signing.probe_messages(kind, env["body"]):
+            assert probe["provider"]["api_key_token"].startswith(f"rwr1.{row.key_id}.")
+            probe["provider"]["api_key_token"] = "(wrapped)"
+        opened.append((queue, task_name, env["body"], expires))
     expected = [(d.queue, d.task_name, d.message, d.expires.isoformat()) for d in planned]
-    assert sorted(received, key=key) == sorted(expected, key=key)
+    for _, task_name, message, _ in expected:
+        kind = signing.KIND_BATCH if task_name == messages.RUN_PROBE_BATCH else signing.KIND_RACE
+        for probe in signing.probe_messages(kind, message):
+            probe["provider"]["api_key_token"] = "(wrapped)"
+    assert sorted(opened, key=key) == sorted(expected, key=key)
 
 
 def test_a_message_queued_before_request_settings_existed_is_read_with_the_defaults(
@@ -200,15 +215,16 @@ def test_secret_headers_travel_encrypted_and_reach_the_spec_only_when_set(world)
     ProbeSpec(**unset)  # today's message builds today's spec
 
     headers = {"X-Org-Secret": "org-secret-0123456789"}
-    token = encrypt_secret(json.dumps(headers))
+    url = message["provider"]["base_url"]
+    token = encrypt_bound(origin_of(url), json.dumps(headers))
     assert "org-secret" not in token
-    assert worker.secret_headers(token) == headers
+    assert worker.secret_headers(token, url) == headers
     message["request"] = {
         **message["request"],
         "reasoning_effort": "low",
         "secret_headers_token": token,
     }
-    kwargs = worker.spec_kwargs(message, None, "key", worker.secret_headers(token))
+    kwargs = worker.spec_kwargs(message, None, "key", worker.secret_headers(token, url))
     assert kwargs["reasoning_effort"] == "low"
     assert kwargs["secret_headers"] == headers
     assert "temperature" not in kwargs  # unset settings are left to the engine's defaults
@@ -222,11 +238,16 @@ def test_secret_headers_travel_encrypted_and_reach_the_spec_only_when_set(world)
 
 
 def test_secret_headers_that_do_not_decrypt_fail_as_ours_without_showing_them(world) -> None:
+    url = "https://api.example.com/v1"
+    token = encrypt_bound(origin_of(url), "X-Org-Secret: org-secret-0123456789")
     with pytest.raises(worker.Unusable) as err:
-        worker.secret_headers(encrypt_secret("X-Org-Secret: org-secret-0123456789"))
+        worker.secret_headers(token, url)
     assert str(err.value) == "secret headers are not a JSON object"
     with pytest.raises(worker.Unusable, match="cannot be decrypted"):
-        worker.secret_headers("gAAAA-not-a-token")
+        worker.secret_headers("gAAAA-not-a-token", url)
+    with pytest.raises(worker.Unusable, match="another origin") as err:
+        worker.secret_headers(token, "https://attacker.example.net/v1")
+    assert "org-secret" not in str(err.value)
 
 
 @pytest.mark.django_db

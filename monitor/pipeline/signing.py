@@ -1,0 +1,402 @@
+"""Authenticated messages between the beat, region workers and ingest, and the provider keys
+they carry.
+
+Whoever can write to the broker must not be able to make a worker probe for them, nor learn a
+provider key. So every message on a region queue, and every result a region worker sends back,
+travels in an envelope signed with a secret of that region (monitor.models.RegionKey):
+
+    {"v": 1, "kind": "batch", "region": "eu-west", "kid": "<key id>", "nonce": "<hex>",
+     "issued_at": <unix s>, "expires_at": <unix s or null>, "body": <the message>,
+     "sig": HMAC-SHA256(key derived from the region secret, canonical JSON of the rest)}
+
+- A region worker holds only its own region's secrets (RW_REGION_KEYS), never
+  FIELD_ENCRYPTION_KEYS. It refuses an envelope that is not one, is for another region or
+  kind, names a key it does not hold, has a wrong signature, has expired, or was seen before
+  (its nonce is claimed once in Redis, SET NX, until it expires). Refusals are logged with
+  the reason only, and nothing in a refused message is decrypted.
+- The beat (which holds FIELD_ENCRYPTION_KEYS) re-encrypts each provider key and secret
+  header for the batch under a key derived from the region's secret, together with the
+  origin (scheme://host:port) it may be sent to. The worker opens it only for a probe whose
+  base URL has that origin, whatever the message says (`open_secret`).
+- Results are sealed by the worker with the key its batch came under; ingest verifies them
+  with the region's active keys and keeps only results for that region.
+
+Keys rotate with overlap: several keys of a region may be active; the newest active one
+signs; a worker accepts any key it holds.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import cache
+from typing import Any
+
+from cryptography.fernet import Fernet, InvalidToken
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from django.conf import settings
+
+from monitor.crypto import ApiKeyDecryptionError, bind, decrypt_bound, origin_of, unbind
+from monitor.logfilters import register_secret
+
+log = logging.getLogger(__name__)
+
+VERSION = 1
+KIND_BATCH = "batch"
+KIND_RACE = "race"
+KIND_RESULTS = "results"
+KIND_RACE_RESULT = "race-result"
+KIND_SCENARIO = "scenario"
+KIND_SCENARIO_RESULT = "scenario-result"
+# How far a sender's clock may run ahead of ours.
+CLOCK_SKEW_S = 30.0
+# Prefix of a provider secret re-encrypted for one region: "rwr1.<key id>.<Fernet token>".
+WRAPPED = "rwr1."
+# A secret the beat could not open for the batch: the worker fails the probe as `config`.
+UNUSABLE = "rw-unusable:"
+_SIGNED_FIELDS = ("v", "kind", "region", "kid", "nonce", "issued_at", "expires_at", "body")
+
+
+class Refused(Exception):
+    """A message that is not authentic, not for us, expired or replayed. The text says which,
+    never any value from the message."""
+
+
+class SecretRefused(Exception):
+    """A provider secret this worker may not open for this probe (another region's, another
+    origin's, or unusable)."""
+
+
+@dataclass(frozen=True)
+class RegionSecret:
+    key_id: str
+    secret: str
+
+    def signing_key(self) -> bytes:
+        return _derive(self.secret, b"routewatch message signing v1")
+
+    def fernet(self) -> Fernet:
+        return Fernet(base64.urlsafe_b64encode(_derive(self.secret, b"routewatch key wrap v1")))
+
+
+@cache
+def _derive(secret: str, info: bytes) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(secret.encode())
+
+
+def new_key_id() -> str:
+    return secrets.token_hex(8)
+
+
+def new_secret() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def canonical(value: object) -> bytes:
+    # NaN and infinities as Celery's JSON writes them (a worker's figures may hold them).
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def _signature(key: RegionSecret, envelope: Mapping[str, Any]) -> str:
+    signed = {name: envelope.get(name) for name in _SIGNED_FIELDS}
+    return hmac.new(key.signing_key(), canonical(signed), hashlib.sha256).hexdigest()
+
+
+def seal(
+    key: RegionSecret, region: str, kind: str, body: object, expires_at: float | None
+) -> dict[str, Any]:
+    envelope: dict[str, Any] = {
+        "v": VERSION,
+        "kind": kind,
+        "region": region,
+        "kid": key.key_id,
+        "nonce": secrets.token_hex(16),
+        "issued_at": time.time(),
+        "expires_at": expires_at,
+        "body": body,
+    }
+    envelope["sig"] = _signature(key, envelope)
+    return envelope
+
+
+def verify(
+    envelope: object,
+    keys: Mapping[str, RegionSecret],
+    region: str | None,
+    kind: str,
+    now: float | None = None,
+) -> tuple[RegionSecret, dict[str, Any]]:
+    """The key that signed it and the envelope, or Refused. `region` None: any region (the
+    caller checks it against the key's)."""
+    if not isinstance(envelope, dict) or envelope.get("v") != VERSION:
+        raise Refused("not a signed envelope")
+    if envelope.get("kind") != kind:
+        raise Refused(f"not a {kind} message")
+    if region is not None and envelope.get("region") != region:
+        raise Refused("for another region")
+    kid = envelope.get("kid")
+    key = keys.get(kid) if isinstance(kid, str) else None
+    if key is None:
+        raise Refused("signed with a key this side does not hold")
+    sig = envelope.get("sig")
+    try:
+        expected = _signature(key, envelope)
+    except (TypeError, ValueError):
+        raise Refused("not canonical JSON") from None
+    if not isinstance(sig, str) or not hmac.compare_digest(sig, expected):
+        raise Refused("bad signature")
+    now = time.time() if now is None else now
+    issued_at, expires_at = envelope.get("issued_at"), envelope.get("expires_at")
+    if not isinstance(issued_at, int | float) or issued_at > now + CLOCK_SKEW_S:
+        raise Refused("issued in the future")
+    if expires_at is not None and (not isinstance(expires_at, int | float) or now > expires_at):
+        raise Refused("expired")
+    if not isinstance(envelope.get("nonce"), str) or len(envelope["nonce"]) > 64:
+        raise Refused("no nonce")
+    return key, envelope
+
+
+# --- the beat's side (holds FIELD_ENCRYPTION_KEYS and the database) ---------------------------
+
+
+class NoRegionKey(Exception):
+    """A region with no active key: nothing can be sent to it (the admin must add one)."""
+
+
+def signing_key(region_slug: str) -> RegionSecret:
+    """The newest active key of a region."""
+    from monitor.models import RegionKey
+
+    row = (
+        RegionKey.objects.filter(region__slug=region_slug, is_active=True)
+        .order_by("-created_at", "-pk")
+        .first()
+    )
+    if row is None:
+        raise NoRegionKey(f"region {region_slug} has no active key (admin, Regions)")
+    return RegionSecret(row.key_id, row.get_secret())
+
+
+def probe_messages(kind: str, body: Any) -> Iterator[dict[str, Any]]:
+    """The probe messages inside a batch or race body (whatever the contract says later)."""
+    if kind == KIND_BATCH and isinstance(body, dict) and isinstance(body.get("probes"), list):
+        yield from (p for p in body["probes"] if isinstance(p, dict))
+    elif kind == KIND_RACE and isinstance(body, dict) and isinstance(body.get("lanes"), dict):
+        yield from (p for p in body["lanes"].values() if isinstance(p, dict))
+    elif kind == KIND_SCENARIO and isinstance(body, dict) and isinstance(body.get("probe"), dict):
+        yield body["probe"]
+
+
+def wrap_secret(key: RegionSecret, token: str, url: str) -> str:
+    """A stored secret (FIELD_ENCRYPTION_KEYS) re-encrypted for the region, bound to `url`'s
+    origin; "" stays "". One the beat cannot open travels as UNUSABLE with the reason."""
+    if not token:
+        return ""
+    try:
+        secret = decrypt_bound(token, url, accept_unbound=True)
+    except ApiKeyDecryptionError as exc:
+        return UNUSABLE + str(exc)
+    sealed = key.fernet().encrypt(bind(origin_of(url), secret).encode()).decode()
+    return f"{WRAPPED}{key.key_id}.{sealed}"
+
+
+def wrap_secrets(key: RegionSecret, kind: str, body: Any) -> Any:
+    """The body with every provider key and secret header token re-encrypted for the region."""
+    done: dict[tuple[str, str], str] = {}
+
+    def wrap(token: str, url: str) -> str:
+        if (token, url) not in done:
+            done[token, url] = wrap_secret(key, token, url)
+        return done[token, url]
+
+    for message in probe_messages(kind, body):
+        provider, request = message.get("provider"), message.get("request")
+        if not isinstance(provider, dict):
+            continue
+        url = str(provider.get("base_url", ""))
+        provider["api_key_token"] = wrap(str(provider.get("api_key_token") or ""), url)
+        if isinstance(request, dict):
+            token = str(request.get("secret_headers_token") or "")
+            request["secret_headers_token"] = wrap(token, url)
+    return body
+
+
+def seal_dispatch(
+    kind: str, queue: str, message: dict[str, Any], expires: datetime
+) -> dict[str, Any]:
+    """What the beat puts on a region queue: the message with its secrets re-encrypted for
+    the region, signed with the region's newest key, valid until `expires`."""
+    region = queue.removeprefix("probes.")
+    key = signing_key(region)
+    body = wrap_secrets(key, kind, json.loads(json.dumps(message)))
+    return seal(key, region, kind, body, expires.timestamp())
+
+
+@dataclass(frozen=True)
+class Opened:
+    """Results opened by ingest: the signing region, the body, and when the worker sealed
+    them (its signed issue time, never later than our clock allows: `verify` refuses one
+    issued in the future). Lateness is judged by this time, not by when ingest got to them:
+    results that waited out an ingest or broker outage were still sealed in time."""
+
+    region_id: int
+    body: Any
+    sealed_at: datetime
+
+
+def open_results(envelope: object, kind: str) -> Opened:
+    """Ingest's side: results signed with an active key of their region; Refused otherwise."""
+    from monitor.models import RegionKey
+
+    kid = envelope.get("kid") if isinstance(envelope, dict) else None
+    row = (
+        RegionKey.objects.filter(key_id=kid, is_active=True).select_related("region").first()
+        if isinstance(kid, str)
+        else None
+    )
+    if row is None:
+        raise Refused("signed with a key that is not an active region key")
+    key = RegionSecret(row.key_id, row.get_secret())
+    _, opened = verify(envelope, {key.key_id: key}, row.region.slug, kind)
+    sealed_at = datetime.fromtimestamp(float(opened["issued_at"]), tz=UTC)
+    return Opened(row.region_id, opened["body"], sealed_at)
+
+
+# --- a region worker's side (RW_REGION, RW_REGION_KEYS; no master key) ------------------------
+
+
+@cache
+def _parse_keys(raw: str) -> dict[str, RegionSecret]:
+    keys = {}
+    for entry in raw.split(","):
+        key_id, _, secret = entry.strip().partition(":")
+        if key_id and secret:
+            keys[key_id] = RegionSecret(key_id, secret)
+            register_secret(secret)
+    return keys
+
+
+def worker_keys() -> dict[str, RegionSecret]:
+    return _parse_keys(settings.RW_REGION_KEYS)
+
+
+@cache
+def _redis() -> Any:
+    import redis
+
+    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=5)
+
+
+def _claimer() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _dead_here(claimer: str) -> bool:
+    """Did a process of this host claim it, one that no longer runs (killed mid-batch)?"""
+    host, _, pid = claimer.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def claim_nonce(region: str, nonce: str, expires_at: float | None) -> bool:
+    """True the first time this nonce is seen (kept until the message expires), and for
+    Celery's redelivery of a message whose worker process died running it (acks_late,
+    reject_on_worker_lost): the claim names the claiming process, and a claim by a process of
+    this host that no longer exists is taken over. A replay while the claimer lives, or from
+    another host, is refused; either way only until the message expires."""
+    ttl = max(1, int((expires_at or time.time() + 86400) - time.time() + CLOCK_SKEW_S) + 1)
+    key = f"rw:nonce:{region}:{nonce}"
+    me = _claimer().encode()
+    client = _redis()
+    if client.set(key, me, nx=True, ex=ttl):
+        return True
+    held = client.get(key)
+    if held is None or not _dead_here(held.decode(errors="replace")):
+        return False
+    # Take over only from that dead claimer (compare-and-set: one redelivery wins).
+    with client.pipeline() as pipe:
+        try:
+            pipe.watch(key)
+            if pipe.get(key) != held:
+                return False
+            pipe.multi()
+            pipe.set(key, me, ex=ttl)
+            pipe.execute()
+        except Exception as exc:  # WatchError: another process took it first
+            log.info("nonce take-over lost (%s)", type(exc).__name__)
+            return False
+    return True
+
+
+def open_dispatch(envelope: object, kind: str) -> tuple[str, Any]:
+    """A region worker's side: (key id, body) of a message for this region, or Refused."""
+    if not settings.RW_REGION:
+        raise Refused("this worker has no RW_REGION, so it accepts no region messages")
+    key, opened = verify(envelope, worker_keys(), settings.RW_REGION, kind)
+    try:
+        first = claim_nonce(settings.RW_REGION, opened["nonce"], opened["expires_at"])
+    except Exception as exc:  # redis-py raises several types; fail closed
+        raise Refused(f"cannot check for a replay ({type(exc).__name__})") from None
+    if not first:
+        raise Refused("replayed (its nonce was seen before)")
+    body = opened["body"]
+    if kind == KIND_BATCH and isinstance(body, dict) and body.get("region") != settings.RW_REGION:
+        raise Refused("batch for another region")
+    return key.key_id, body
+
+
+def seal_results(key_id: str, kind: str, body: object) -> dict[str, Any]:
+    """Results signed with the key the batch came under (active at the beat)."""
+    keys = worker_keys()
+    key = keys.get(key_id) or next(iter(keys.values()))
+    return seal(key, settings.RW_REGION, kind, body, None)
+
+
+def open_secret(token: str, url: str) -> str:
+    """A provider secret from a message, opened only for `url`'s origin.
+
+    Region-wrapped tokens open with this worker's region keys. A process that holds
+    FIELD_ENCRYPTION_KEYS (not a region worker: the CLI, tests running the worker in-process)
+    also opens stored tokens, bound the same way."""
+    if not token:
+        return ""
+    if token.startswith(UNUSABLE):
+        raise SecretRefused(token.removeprefix(UNUSABLE)[:200])
+    if token.startswith(WRAPPED):
+        key_id, _, sealed = token.removeprefix(WRAPPED).partition(".")
+        key = worker_keys().get(key_id)
+        if key is None:
+            raise SecretRefused("encrypted for a region key this worker does not hold")
+        try:
+            plaintext = key.fernet().decrypt(sealed.encode()).decode()
+        except InvalidToken:
+            raise SecretRefused("cannot be decrypted with this region's key") from None
+        origin, secret = unbind(plaintext)
+        if origin is None or origin != origin_of(url):
+            raise SecretRefused("bound to another origin than the probe's base URL")
+        register_secret(secret)
+        return secret
+    if settings.WORKER_ONLY or not settings.FIELD_ENCRYPTION_KEYS:
+        raise SecretRefused("not encrypted for this region")
+    try:
+        return decrypt_bound(token, url)
+    except ApiKeyDecryptionError as exc:
+        raise SecretRefused(str(exc)) from None

@@ -1,0 +1,170 @@
+"""The deployment files hold their invariants, checked on what docker-compose really renders
+from .env.example, and by running what the compose file runs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from django.db import connection
+
+from devstack.embedded import POSTGRES_MAJOR
+from simulator.testing import free_port
+from tests import support
+
+ROOT = support.ROOT
+# What only the server side may hold.
+SERVER_SECRETS = {
+    "DATABASE_URL",
+    "POSTGRES_PASSWORD",
+    "SECRET_KEY",
+    "FIELD_ENCRYPTION_KEYS",
+    "EMAIL_HOST_PASSWORD",
+    "METRICS_BEARER_TOKEN",
+}
+LONG_RUNNING = {"web", "beat", "ingest"}
+REAL_HOST = "routewatch.example.com"
+
+
+def _binary() -> str:
+    binary = shutil.which("docker-compose")
+    if binary is None:
+        if os.environ.get("RW_CI"):
+            pytest.fail("docker-compose is missing in CI (.ci/run installs it)")
+        pytest.skip("docker-compose is not installed")
+    return binary
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """`docker-compose --env-file .env.example config`, parsed."""
+    binary = _binary()
+    where = tmp_path_factory.mktemp("compose")
+    shutil.copy(ROOT / "docker-compose.yml", where / "docker-compose.yml")
+    shutil.copy(ROOT / ".env.example", where / ".env.example")
+    shutil.copy(ROOT / ".env.example", where / ".env")  # env_file: .env
+    result = subprocess.run(
+        [binary, "--env-file", ".env.example", "config"],
+        cwd=where,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    config: dict[str, Any] = yaml.safe_load(result.stdout)
+    return config
+
+
+def _services(rendered: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    services: dict[str, dict[str, Any]] = rendered["services"]
+    return services
+
+
+def _region_workers(rendered: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {n: s for n, s in _services(rendered).items() if n.startswith("worker-")}
+
+
+def test_region_workers_get_the_broker_and_their_region_key_only(rendered) -> None:
+    workers = _region_workers(rendered)
+    assert set(workers) == {"worker-us-east", "worker-eu-west", "worker-ap-south"}
+    for name, service in workers.items():
+        env = service.get("environment", {})
+        assert "env_file" not in service, name
+        assert SERVER_SECRETS.isdisjoint(env), (name, sorted(SERVER_SECRETS & set(env)))
+        assert not any(k.startswith("EMAIL_") for k in env), name
+        assert set(env) == {
+            "RW_WORKER_ONLY",
+            "RW_REGION",
+            "RW_REGION_KEYS",
+            "REDIS_URL",
+            "RW_SPOOL_DIR",
+        }
+        assert env["RW_WORKER_ONLY"] == "true"
+        assert f"probes.{env['RW_REGION']}" in service["command"]
+        assert "postgres" not in service.get("depends_on", {})
+        assert env["REDIS_URL"].startswith("redis://routewatch:")  # a password, never anonymous
+
+
+def test_every_service_that_needs_the_schema_waits_for_migrate(rendered) -> None:
+    services = _services(rendered)
+    for name in LONG_RUNNING:
+        depends = services[name]["depends_on"]
+        assert depends["migrate"]["condition"] == "service_completed_successfully", name
+        assert depends["postgres"]["condition"] == "service_healthy", name
+    assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    for name in LONG_RUNNING | set(_region_workers(rendered)):
+        assert services[name].get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
+
+
+def test_postgres_is_the_embedded_major_and_redis_needs_a_password(rendered) -> None:
+    services = _services(rendered)
+    assert services["postgres"]["image"] == f"postgres:{POSTGRES_MAJOR}"
+    redis_args = services["redis"]["command"]
+    user = redis_args.index("default")
+    assert redis_args[user - 1 : user + 2] == ["--user", "default", "off"]
+    assert any(arg.startswith(">") and len(arg) > 1 for arg in redis_args)
+
+
+def test_the_image_leaves_local_secrets_and_data_out() -> None:
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    for entry in (".env", "var/", ".venv/", ".git/", "test-artifacts/", "**/__pycache__/"):
+        assert entry in ignored
+
+
+def test_a_region_worker_starts_with_exactly_its_compose_environment(rendered) -> None:
+    env = dict(_region_workers(rendered)["worker-eu-west"]["environment"])
+    env["REDIS_URL"] = os.environ["REDIS_URL"]  # the test broker instead of the compose one
+    env["RW_REGION_KEYS"] = "k1:" + "s" * 43
+    env.update(PATH=os.environ["PATH"], DJANGO_SETTINGS_MODULE="monitor.settings")
+    code = "import django; django.setup(); import monitor.tasks; print('worker settings ok')"
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert "worker settings ok" in result.stdout
+
+
+@pytest.fixture
+def web_for_a_real_host(tmp_path: Path) -> Iterator[int]:
+    port = free_port()
+    env = support.child_env(
+        connection.settings_dict, ALLOWED_HOSTS=REAL_HOST, SITE_URL=f"https://{REAL_HOST}"
+    )
+    proc = support.start(
+        [sys.executable, "-m", "gunicorn", "monitor.wsgi", "--bind", f"127.0.0.1:{port}"],
+        env,
+        tmp_path / "web.log",
+    )
+    try:
+        yield port
+    finally:
+        support.stop(proc)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_web_healthcheck_passes_when_allowed_hosts_is_a_real_host_name(
+    rendered, web_for_a_real_host: int
+) -> None:
+    argv = _services(rendered)["web"]["healthcheck"]["test"]
+    assert argv[0] == "CMD"
+    command = [a.replace("127.0.0.1:8000", f"127.0.0.1:{web_for_a_real_host}") for a in argv[1:]]
+    command[0] = sys.executable if command[0] == "python" else command[0]
+
+    def healthy() -> bool:
+        return subprocess.run(command, capture_output=True, timeout=20).returncode == 0
+
+    assert support.wait_until(healthy, timeout_s=30)
+    # Host validation still guards every other page.
+    import urllib.error
+    import urllib.request
+
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"http://127.0.0.1:{web_for_a_real_host}/accounts/login/", timeout=5)
+    assert refused.value.code == 400
