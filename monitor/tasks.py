@@ -20,6 +20,7 @@ from django.utils import timezone
 from monitor.digest import sending
 from monitor.models import Heartbeat
 from monitor.pages import overview
+from monitor.pages.setup import region_heartbeat
 from monitor.pipeline import ingest, races, scheduling, signing, worker
 from monitor.pipeline.messages import (
     INGEST_QUEUE,
@@ -85,6 +86,8 @@ def ingest_results(results: dict[str, Any]) -> int:
         log.warning("refused a result message: %s", exc)
         ingest.count_rejected(1)
         return 0
+    # The region's worker is running: what it signed arrived (the setup checklist reads this).
+    beat(region_heartbeat(region_id))
     return ingest.ingest(body, from_region=region_id)
 
 

@@ -439,6 +439,10 @@ def ingest(message: object, *, from_region: int | None = None) -> int:
     if from_region is not None:
         payloads, refused_here = admit(payloads, from_region, now)
         rejected += refused_here
+        for p in payloads:
+            # Demo history is made in this process only (monitor.demo_history): what a worker
+            # sends is a measurement, and cannot hide itself behind the pages' generated filter.
+            p["generated"] = False
     prices = {
         r.pk: r
         for r in Route.objects.filter(pk__in={p["route_id"] for p in payloads}).select_related(
