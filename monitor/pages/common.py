@@ -98,24 +98,31 @@ HIDE_GENERATED_COOKIE = "rw_hide_generated"
 
 @dataclass(frozen=True)
 class DemoHistory:
-    """The generated history's span, and whether this reader hides it. Measured results
-    start at `end` (an hour boundary)."""
+    """The generated history's span (first and last generated result), and whether this
+    reader hides it."""
 
     start: datetime
-    end: datetime
+    last: datetime
     hidden: bool
 
     @property
+    def end(self) -> datetime:
+        """The first hour with no generated result: hourly rollups from here on hold measured
+        probes only. Pages that read rollups start here when the history is hidden."""
+        return rollups.bucket_start(self.last, GRAIN_HOUR) + timedelta(hours=1)
+
+    @property
     def not_before(self) -> datetime | None:
-        """Where the pages' windows start when the history is hidden."""
         return self.end if self.hidden else None
 
 
 def demo_history(request: HttpRequest | None = None) -> DemoHistory | None:
     """None unless the database holds generated history (one index read; kept per request)."""
-    cached = getattr(request, "_rw_demo_history", False) if request is not None else False
+    cached: DemoHistory | None | bool = (
+        getattr(request, "_rw_demo_history", False) if request is not None else False
+    )
     if cached is not False:
-        return cached  # type: ignore[no-any-return]
+        return cached if isinstance(cached, DemoHistory) else None
     # Both ends from the partial index result_generated_started (empty on real deployments).
     generated = ProbeResult.objects.filter(generated=True)
     first = generated.order_by("started_at").values_list("started_at", flat=True).first()
@@ -124,20 +131,23 @@ def demo_history(request: HttpRequest | None = None) -> DemoHistory | None:
         last = generated.order_by("-started_at").values_list("started_at", flat=True).first()
         assert last is not None
         hidden = bool(request is not None and request.COOKIES.get(HIDE_GENERATED_COOKIE))
-        info = DemoHistory(
-            start=first,
-            end=rollups.bucket_start(last, GRAIN_HOUR) + timedelta(hours=1),
-            hidden=hidden,
-        )
+        info = DemoHistory(start=first, last=last, hidden=hidden)
     if request is not None:
         request._rw_demo_history = info  # type: ignore[attr-defined]
     return info
 
 
 def hidden_before(request: HttpRequest) -> datetime | None:
-    """The time before which the pages leave results out (generated history hidden), if any."""
+    """The time before which the rollup pages leave results out (generated history hidden)."""
     info = demo_history(request)
     return info.not_before if info else None
+
+
+def hidden_until(request: HttpRequest) -> datetime | None:
+    """The last generated result's time, when the reader hides them (raw rows: the probe log
+    and its exports leave out generated rows, and need not read before this)."""
+    info = demo_history(request)
+    return info.last if info and info.hidden else None
 
 
 def parse_int(value: str | None) -> int | None:

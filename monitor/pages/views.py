@@ -39,6 +39,7 @@ from monitor.pages.common import (
     HIDE_GENERATED_COOKIE,
     RANGES,
     hidden_before,
+    hidden_until,
     may_read,
     parse_range,
     readonly_page,
@@ -163,7 +164,7 @@ def regions(request: HtmxHttpRequest) -> HttpResponse:
 @readonly_page
 def probe_log(request: HtmxHttpRequest) -> HttpResponse:
     f = pages_log.parse_filter(request.GET)
-    f.not_before = hidden_before(request)
+    f.not_before = hidden_until(request)
     cursor = pages_log.Cursor.decode(request.GET.get("before"))
     data = pages_log.page(f, cursor, timezone.now())
     ctx = {
@@ -203,7 +204,7 @@ def export(request: HtmxHttpRequest, fmt: str) -> StreamingHttpResponse:
     if fmt not in ("csv", "json"):
         raise Http404("unknown export format")
     f = pages_log.parse_filter(request.GET)
-    f.not_before = hidden_before(request)
+    f.not_before = hidden_until(request)
     now = timezone.now()
     rows = pages_log.export_rows(f, now, settings.EXPORT_MAX_ROWS)
     stamp = now.strftime("%Y%m%dT%H%M%SZ")
