@@ -118,7 +118,7 @@ class DemoHistory:
 
 def demo_history(request: HttpRequest | None = None) -> DemoHistory | None:
     """None unless the database holds generated history (one index read; kept per request)."""
-    cached: DemoHistory | None | bool = (
+    cached: DemoHistory | bool | None = (
         getattr(request, "_rw_demo_history", False) if request is not None else False
     )
     if cached is not False:

@@ -130,10 +130,12 @@ def test_a_new_user_sees_a_setup_checklist_then_every_page_with_marked_demo_hist
     written = demo_history.generate(load(DEMO_CONFIG), days=2)
     assert written > 10_000
     route = Route.objects.get(model_id="wafer-llama-70b")
-    # At once (before live probes would take over): a winner per task and region.
+    # At once (before live probes would take over): winners with figures for each task (a
+    # region may still have none when no route meets its bars: the product's own verdict).
     _open(contexts["light"], server + "/")
     assert contexts["light"].locator("[data-setup-checklist]").count() == 0
-    assert contexts["light"].locator("td.route a").count() == 6
+    for task in ("support-answer", "document-summary"):
+        assert contexts["light"].locator(f"[data-task={task}] td.route a").count() >= 2, task
     pages = {
         "overview": "/",
         "task": "/tasks/support-answer/",
