@@ -142,7 +142,7 @@ def test_a_new_user_sees_a_setup_checklist_then_every_page_with_marked_demo_hist
         "route": f"/routes/{route.pk}/?task=support-answer",
         "regions": "/regions/",
         "log": "/log/",
-        "races": "/races/",
+        "races": "/races/?task=support-answer",
         "digest": "/digest/preview/",
     }
     for scheme, page in contexts.items():
