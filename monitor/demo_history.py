@@ -411,6 +411,18 @@ def generate(
         ]
         written += ingest.ingest(results_to_json(pending))
         at = upto
+    # And each series' last slot on its live schedule: the figures are fresh (Task.stale_after)
+    # until live probes take over, however sparse the history before it.
+    tail = []
+    for one in series:
+        interval = one.task.probe_interval_s
+        phase = phase_s(one.task.pk, one.route.pk, one.region.pk, interval)
+        since = end - timedelta(seconds=interval)
+        tail += [
+            one.payload_at(when, rtt.get(one.region.slug, 0.0), rng)
+            for when in _slot_times(since, end, phase, interval)
+        ]
+    written += ingest.ingest(results_to_json(tail))
     raced = _races(tasks, config, start, end, rtt, rng)
     log.info(
         "demo history: %d generated results and %d races from %s to %s",
