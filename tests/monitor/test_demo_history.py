@@ -29,6 +29,7 @@ from monitor.models import (
 from monitor.pages.common import HIDE_GENERATED_COOKIE
 from monitor.pipeline import ingest
 from simulator.config import load
+from tests.support import unfold_series
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -112,11 +113,11 @@ def test_a_fresh_demo_gets_a_week_of_history_quickly_and_every_page_shows_it_mar
     races = client.get(reverse("rw-races"), {"task": "support-answer"}).content.decode()
     assert "No races" not in races
     series = client.get(_pages(route)["route"]).content.decode()
-    data = json.loads(
-        re.search(r'<script id="series-data" type="application/json">(.*?)</script>', series, re.S)[
-            1
-        ]  # type: ignore[index]
+    found = re.search(
+        r'<template id="series-data"><script type="application/json">(.*?)</script>', series, re.S
     )
+    assert found is not None
+    data = unfold_series(json.loads(found[1]))
     assert sum(v is not None for v in data["ttft_ms"]["p50"][-25:-1]) >= 20
 
 
