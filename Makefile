@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 TYPECHECK_ENV := SECRET_KEY=typecheck-typecheck-typecheck-typecheck-typecheck-typecheck FIELD_ENCRYPTION_KEYS=YWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWE= \
 	DATABASE_URL=postgresql://typecheck@localhost/typecheck REDIS_URL=redis://localhost:6379/0
 
-.PHONY: run test lint typecheck pytest bench bench-simulator bench-probes bench-scale bench-pages vendor clean
+.PHONY: run test lint typecheck pytest bench bench-simulator bench-probes bench-scenarios bench-scale bench-pages vendor clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,10 @@ bench-simulator: $(STAMP)
 
 bench-probes: $(STAMP)
 	$(PY) bench/bench_probes.py
+
+# The engine's overhead per call of a sequential scenario, against a same-run raw-socket client.
+bench-scenarios: $(STAMP)
+	$(PY) bench/bench_scenarios.py $(ARGS)
 
 bench-scale: $(STAMP)
 	$(PY) -m devstack exec -- $(PY) bench/bench_scale.py $(ARGS)

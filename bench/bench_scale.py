@@ -50,7 +50,7 @@ INSERT INTO monitor_proberesult (
   task_id, route_id, region_id, slot_at, started_at, http2, body_encoding,
   cold, prefix_mode, ttft_ms, ttfb_ms, e2e_ms, tps, output_tokens,
   input_tokens, token_source, outcome, error_kind, error_detail, text,
-  http_version, quality_pass, cost_usd)
+  http_version, quality_pass, cost_usd, reference, ttfat_ms)
 SELECT task, route, region, ts, ts, false, 'json', false, 'stable',
   CASE WHEN r < 0.99 THEN ttft * exp(0.3 * (r2 - 0.5)) END,
   CASE WHEN r < 0.99 THEN ttft * 0.3 END,
@@ -59,7 +59,8 @@ SELECT task, route, region, ts, ts, false, 'json', false, 'stable',
   200, 1000, 'usage',
   CASE WHEN r < 0.99 THEN 'ok' ELSE 'error' END,
   CASE WHEN r < 0.99 THEN '' ELSE 'http_5xx' END, '', '', 'HTTP/1.1',
-  r2 < 0.9, 0.0014
+  r2 < 0.9, 0.0014, true,
+  CASE WHEN r < 0.99 THEN ttft * exp(0.3 * (r2 - 0.5)) END
 FROM (
   SELECT s.task, s.route, g.id AS region, ts, s.ttft, s.tps,
     random() AS r, random() AS r2, random() AS r3
@@ -197,7 +198,8 @@ def load(now: datetime, days: int) -> None:
                 INSERT INTO monitor_rollup (grain, bucket_start, task_id, route_id, region_id,
                   count_ok, count_error, count_missed, error_kinds, graded, passed,
                   cache_reported, cache_hits, input_tokens, output_tokens, cached_tokens,
-                  cost_usd, ttft_hist, e2e_hist, tps_hist, last_probe_at)
+                  cost_usd, ttft_hist, e2e_hist, tps_hist, ttfat_hist, ref_ttft_hist,
+                  ref_ttfat_hist, ref_e2e_hist, last_probe_at, last_ok_at)
                 SELECT '{grain}', date_trunc('{trunc}', started_at), task_id, route_id, region_id,
                   count(*) FILTER (WHERE outcome = 'ok'),
                   count(*) FILTER (WHERE outcome = 'error'),
@@ -210,7 +212,14 @@ def load(now: datetime, days: int) -> None:
                   rw_bench_hist(array_agg(ttft_ms), {hist.MS.low}, {hist.MS.size}),
                   rw_bench_hist(array_agg(e2e_ms), {hist.MS.low}, {hist.MS.size}),
                   rw_bench_hist(array_agg(tps), {hist.TPS.low}, {hist.TPS.size}),
-                  max(started_at)
+                  rw_bench_hist(array_agg(ttfat_ms), {hist.MS.low}, {hist.MS.size}),
+                  rw_bench_hist(array_agg(ttft_ms) FILTER (WHERE reference),
+                                {hist.MS.low}, {hist.MS.size}),
+                  rw_bench_hist(array_agg(ttfat_ms) FILTER (WHERE reference),
+                                {hist.MS.low}, {hist.MS.size}),
+                  rw_bench_hist(array_agg(e2e_ms) FILTER (WHERE reference),
+                                {hist.MS.low}, {hist.MS.size}),
+                  max(started_at), max(started_at) FILTER (WHERE outcome = 'ok')
                 FROM monitor_proberesult
                 GROUP BY GROUPING SETS (
                   (date_trunc('{trunc}', started_at), task_id, route_id, region_id),

@@ -33,6 +33,7 @@ warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_VAR = ROOT / "var"
 DATABASE_NAME = "routewatch"
+REDIS_MAXMEMORY = "512mb"
 
 # Settings the embedded PostgreSQL gets on top of initdb's defaults: enough connections for
 # gunicorn, beat, ingest and three region workers plus tests, and a little more memory for
@@ -205,6 +206,13 @@ def start_redis(var_dir: Path) -> str:
             "everysec",
             "--save",
             "60 1",
+            # A bound on memory, and no eviction past it: a full broker refuses new messages
+            # (publishers see the error: region workers spool their results) rather than
+            # silently dropping queued ones. Like docker-compose.yml.
+            "--maxmemory",
+            REDIS_MAXMEMORY,
+            "--maxmemory-policy",
+            "noeviction",
         ]
         subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
         (redis_dir / "port").write_text(str(port))

@@ -392,6 +392,8 @@ def generate(
     rtt = rtt_ms or {}
     series = []
     for task in tasks:
+        if task.is_scenario:  # a scenario's history would be whole runs, not single probes
+            continue
         routes = [r for r in task.routes.all() if r.is_active and r.provider.is_active]
         sims = counterparts(config, routes)
         for region in task.regions.filter(is_active=True).order_by("pk"):
@@ -447,7 +449,7 @@ def _races(
     (probes.race). Claimed and stored through monitor.pipeline.races like live races."""
     due: list[tuple[Task, Region, datetime]] = []
     for task in tasks:
-        if task.race_interval_s is None:
+        if task.race_interval_s is None or task.is_scenario:
             continue
         for region in task.regions.filter(is_active=True).order_by("pk"):
             phase = phase_s(task.pk, 0, region.pk, RACE_INTERVAL_S)

@@ -18,6 +18,7 @@ import dj_database_url
 import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 
+from monitor import limits
 from monitor.crypto import fernet_key_is_valid
 from monitor.env import ConfigError, envbool, envint, envlist, envsecret, envstr
 
@@ -70,6 +71,11 @@ try:
     # Prometheus scrapers (empty: /metrics follows the same login rule as the pages).
     DASHBOARD_REFRESH_SECONDS = envint("DASHBOARD_REFRESH_SECONDS", 15, minimum=1, maximum=3600)
     METRICS_BEARER_TOKEN = envsecret("METRICS_BEARER_TOKEN")
+    # OTLP/HTTP export of each stored probe as OpenTelemetry GenAI metrics, from ingest
+    # (monitor.pipeline.genai_otlp); off unless one of these is set. The SDK reads the rest
+    # (OTEL_EXPORTER_OTLP_HEADERS, OTEL_METRIC_EXPORT_INTERVAL, OTEL_SERVICE_NAME, ...).
+    OTEL_EXPORTER_OTLP_ENDPOINT = envstr("OTEL_EXPORTER_OTLP_ENDPOINT")
+    OTEL_EXPORTER_OTLP_METRICS_ENDPOINT = envstr("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
     # Exports stream at most this many rows (a bound on one request's work).
     EXPORT_MAX_ROWS = envint("EXPORT_MAX_ROWS", 100_000, minimum=1)
     PROVIDER_ALLOW_PRIVATE_NETWORKS = envbool("PROVIDER_ALLOW_PRIVATE_NETWORKS", False)
@@ -79,6 +85,24 @@ try:
     SLOT_GRACE_SECONDS = envint("SLOT_GRACE_SECONDS", 60, minimum=1)
     CELERY_TASK_SOFT_TIME_LIMIT = envint("CELERY_TASK_SOFT_TIME_LIMIT", 300, minimum=1)
     CELERY_TASK_TIME_LIMIT = envint("CELERY_TASK_TIME_LIMIT", 360, minimum=1)
+    # Ingest: a database error is retried this many times with exponential backoff (1 s, 2 s,
+    # ... up to INGEST_RETRY_BACKOFF_MAX_S); then the message is parked in the dead-letter list
+    # (the status page shows it; `manage.py replay_dead_letters` or its button replays it).
+    INGEST_RETRY_MAX = envint("INGEST_RETRY_MAX", 12, minimum=0, maximum=100)
+    INGEST_RETRY_BACKOFF_MAX_S = envint(
+        "INGEST_RETRY_BACKOFF_MAX_S",
+        limits.INGEST_RETRY_BACKOFF_MAX_S,
+        minimum=1,
+        maximum=limits.INGEST_RETRY_BACKOFF_MAX_S,
+    )
+    DEAD_LETTER_MAX = envint("DEAD_LETTER_MAX", 10_000, minimum=1)
+    # Region workers: results that cannot be published (broker down) wait in this directory,
+    # at most this many batches and bytes (the oldest are dropped, with a counted log line),
+    # and are published again every RW_SPOOL_RETRY_SECONDS and before each new batch.
+    SPOOL_DIR = Path(envstr("RW_SPOOL_DIR") or str(VAR_DIR / "spool"))
+    SPOOL_MAX_BATCHES = envint("RW_SPOOL_MAX_BATCHES", 2000, minimum=1)
+    SPOOL_MAX_BYTES = envint("RW_SPOOL_MAX_BYTES", 256 * 1024 * 1024, minimum=1024)
+    SPOOL_RETRY_SECONDS = envint("RW_SPOOL_RETRY_SECONDS", 15, minimum=1, maximum=3600)
     EMAIL_BACKEND = envstr("EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
     EMAIL_HOST = envstr("EMAIL_HOST", "localhost")
     EMAIL_PORT = envint("EMAIL_PORT", 25, minimum=1, maximum=65535)
@@ -288,17 +312,33 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_TASK_TIME_LIMIT * 2}
+# Derived from the longest probe deadline (monitor.limits), like the region tasks' limits.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": limits.VISIBILITY_TIMEOUT_S}
 CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_TASK_ROUTES = {
     "monitor.tasks.ingest_results": {"queue": "ingest"},
     "monitor.tasks.ingest_race": {"queue": "ingest"},
+    "monitor.tasks.ingest_scenario": {"queue": "ingest"},
 }
+# Every periodic task expires by its next run: during an outage of its worker, ticks do not
+# pile up in the queue to run all at once when it returns (the next one does the work).
 CELERY_BEAT_SCHEDULE = {
-    "tick": {"task": "monitor.tasks.tick", "schedule": float(TICK_SECONDS)},
-    "retention": {"task": "monitor.tasks.delete_old_results", "schedule": 3600.0},
+    "tick": {
+        "task": "monitor.tasks.tick",
+        "schedule": float(TICK_SECONDS),
+        "options": {"expires": float(TICK_SECONDS)},
+    },
+    "retention": {
+        "task": "monitor.tasks.delete_old_results",
+        "schedule": 3600.0,
+        "options": {"expires": 3600.0},
+    },
     # Digests go out at a chosen local hour; a few minutes late is fine, and cheap to ask.
-    "digests": {"task": "monitor.tasks.send_digests", "schedule": 300.0},
+    "digests": {
+        "task": "monitor.tasks.send_digests",
+        "schedule": 300.0,
+        "options": {"expires": 300.0},
+    },
     # The overview snapshot is rebuilt twice per dashboard refresh (monitor.pages.overview).
     "overview": {
         "task": "monitor.tasks.refresh_overview",

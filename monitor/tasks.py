@@ -10,25 +10,31 @@ them): they never change.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from celery import Task, shared_task
+from celery.signals import worker_ready
 from django.conf import settings
+from django.db import InterfaceError, OperationalError
 from django.db.models import F
 from django.utils import timezone
+from kombu.exceptions import OperationalError as BrokerError
 
+from monitor import limits
 from monitor.digest import sending
 from monitor.models import Heartbeat
 from monitor.pages import overview
-from monitor.pages.setup import region_heartbeat
-from monitor.pipeline import ingest, races, scheduling, signing, worker
+from monitor.pipeline import ingest, queues, races, scenarios, scheduling, signing, spool, worker
 from monitor.pipeline.messages import (
     INGEST_QUEUE,
     RUN_PROBE_BATCH,
     RUN_RACE,
+    RUN_SCENARIO,
     Dispatch,
     race_result_to_json,
     results_to_json,
+    scenario_payload_to_json,
 )
 
 log = logging.getLogger(__name__)
@@ -51,44 +57,116 @@ def tick() -> dict[str, int]:
     return {"races": 0} | send(scheduling.plan())
 
 
-# Region-queue tasks: acked only when done (a killed worker's message goes back to the queue);
-# a batch or race runs for at most the longest probe deadline, and the limits sit above that.
+# Region-queue tasks: acked only when done (a killed worker process's message goes back to the
+# queue at once); a batch or race runs for at most the longest probe deadline, and the limits
+# sit just above that (monitor.limits derives them, and the visibility timeout, from it).
 REGION_TASK_OPTIONS: dict[str, Any] = {
     "acks_late": True,
     "reject_on_worker_lost": True,
-    "soft_time_limit": settings.CELERY_TASK_SOFT_TIME_LIMIT * 4,
-    "time_limit": settings.CELERY_TASK_TIME_LIMIT * 4,
+    **limits.region_task_limits(),
 }
+
+# Publishing results: a few seconds of retries, then the local spool (monitor.pipeline.spool).
+_PUBLISH_RETRY = {"max_retries": 4, "interval_start": 0.5, "interval_step": 1, "interval_max": 2}
+
+
+def _publish(entry: spool.SpoolEntry) -> None:
+    task = {"race": ingest_race, "scenario": ingest_scenario}.get(entry["kind"], ingest_results)
+    task.apply_async(
+        args=(entry["body"],), queue=INGEST_QUEUE, retry=True, retry_policy=_PUBLISH_RETRY
+    )
+
+
+def publish_or_spool(kind: spool.SpoolKind, body: object, count: int) -> bool:
+    """Send results to ingest; when the broker cannot take them, keep them in the spool.
+    Returns whether they were sent now."""
+    try:
+        _publish({"kind": kind, "spooled_at": 0.0, "count": count, "body": body})
+    except (BrokerError, OSError) as exc:
+        log.warning("cannot publish %d %s to ingest (%s)", count, kind, type(exc).__name__)
+        spool.save(kind, body, count)
+        return False
+    return True
+
+
+def flush_spool() -> int:
+    """Publish what the spool holds (results kept while the broker was away)."""
+    try:
+        return spool.drain(_publish)
+    except (BrokerError, OSError) as exc:
+        log.info("spooled results wait: the broker is still unavailable (%s)", type(exc).__name__)
+        return 0
+
+
+def _spool_flusher(stop: threading.Event) -> None:
+    while not stop.wait(settings.SPOOL_RETRY_SECONDS):
+        try:
+            flush_spool()
+        except Exception:  # the flusher must outlive any one failure; the next round retries
+            log.exception("spool flush failed")
+
+
+@worker_ready.connect
+def _start_spool_flusher(**_: Any) -> None:
+    """Every worker publishes its spool periodically, not only when its next batch comes."""
+    threading.Thread(
+        target=_spool_flusher, args=(threading.Event(),), name="spool-flusher", daemon=True
+    ).start()
 
 
 @shared_task(name=RUN_PROBE_BATCH, **REGION_TASK_OPTIONS)  # "monitor.tasks.run_probe_batch"
 def run_probe_batch(batch: dict[str, Any]) -> int:
-    """On a region worker: run a batch of probes, send the results to ingest over the broker.
-    Only a batch signed for this region, unexpired and not seen before, is run."""
+    """On a region worker: run a batch of probes, send the results to ingest over the broker
+    (or to the local spool while the broker cannot take them). Only a batch signed for this
+    region, unexpired and not seen before, is run; its results are signed before they leave,
+    so spooled results are signed too."""
     try:
         key_id, body = signing.open_dispatch(batch, signing.KIND_BATCH)
     except signing.Refused as exc:
         log.error("refused a probe batch: %s", exc)
         return 0
+    flush_spool()
     results = worker.run_batch(body)
     if results:
         sealed = signing.seal_results(key_id, signing.KIND_RESULTS, results_to_json(results))
-        ingest_results.apply_async(args=(sealed,), queue=INGEST_QUEUE)
+        publish_or_spool("results", sealed, len(results))
     return len(results)
 
 
-@shared_task(name="monitor.tasks.ingest_results", acks_late=True, reject_on_worker_lost=True)
-def ingest_results(results: dict[str, Any]) -> int:
+# Ingest tasks: a database error is retried with backoff (1 s, 2 s, 4 s, ... capped), and after
+# INGEST_RETRY_MAX retries the message (still signed) is parked in the dead-letter list, never
+# dropped.
+_DATABASE_ERRORS = (OperationalError, InterfaceError)
+
+
+def _retry_or_park(
+    task: Task[Any, Any], kind: queues.DeadLetterKind, body: object, exc: Exception
+) -> None:
+    retries = task.request.retries
+    if retries >= settings.INGEST_RETRY_MAX:
+        queues.park(kind, body, type(exc).__name__, retries + 1)
+        return
+    countdown = limits.ingest_backoff_s(retries, settings.INGEST_RETRY_BACKOFF_MAX_S)
+    log.warning(
+        "ingest of %s failed (%s); retry %d in %d s",
+        kind,
+        type(exc).__name__,
+        retries + 1,
+        countdown,
+    )
+    raise task.retry(countdown=countdown, max_retries=settings.INGEST_RETRY_MAX) from None
+
+
+@shared_task(
+    name="monitor.tasks.ingest_results", bind=True, acks_late=True, reject_on_worker_lost=True
+)
+def ingest_results(self: Task[Any, Any], results: dict[str, Any]) -> int:
     """Results signed by a region worker: stored only for that region's open slots."""
     try:
-        region_id, body = signing.open_results(results, signing.KIND_RESULTS)
-    except signing.Refused as exc:
-        log.warning("refused a result message: %s", exc)
-        ingest.count_rejected(1)
+        return ingest.ingest_signed(results)
+    except _DATABASE_ERRORS as exc:
+        _retry_or_park(self, "results", results, exc)
         return 0
-    # The region's worker is running: what it signed arrived (the setup checklist reads this).
-    beat(region_heartbeat(region_id))
-    return ingest.ingest(body, from_region=region_id)
 
 
 @shared_task(name="monitor.tasks.refresh_overview")
@@ -110,28 +188,56 @@ def run_race(message: dict[str, Any]) -> str | None:
     except signing.Refused as exc:
         log.error("refused a race message: %s", exc)
         return None
+    flush_spool()
     result = worker.run_race(body)
     if result is None:
         return None
     sealed = signing.seal_results(key_id, signing.KIND_RACE_RESULT, race_result_to_json(result))
-    ingest_race.apply_async(args=(sealed,), queue=INGEST_QUEUE)
+    publish_or_spool("race", sealed, 1)
     return result["winner_route_id"]
 
 
-@shared_task(name="monitor.tasks.ingest_race", acks_late=True, reject_on_worker_lost=True)
-def ingest_race(result: dict[str, Any]) -> bool:
+@shared_task(
+    name="monitor.tasks.ingest_race", bind=True, acks_late=True, reject_on_worker_lost=True
+)
+def ingest_race(self: Task[Any, Any], result: dict[str, Any]) -> bool:
     try:
-        region_id, body = signing.open_results(result, signing.KIND_RACE_RESULT)
+        return races.ingest_signed(result)
+    except _DATABASE_ERRORS as exc:
+        _retry_or_park(self, "race", result, exc)
+        return False
+
+
+@shared_task(name=RUN_SCENARIO, **REGION_TASK_OPTIONS)  # "monitor.tasks.run_scenario"
+def run_scenario(message: dict[str, Any]) -> str | None:
+    """On a region worker: run one scenario, send its result to ingest over the broker (or to
+    the local spool while the broker cannot take it)."""
+    try:
+        key_id, body = signing.open_dispatch(message, signing.KIND_SCENARIO)
     except signing.Refused as exc:
-        log.warning("refused a race result: %s", exc)
-        ingest.count_rejected(1)
+        log.error("refused a scenario message: %s", exc)
+        return None
+    flush_spool()
+    result = scenarios.run(body)
+    if result is None:
+        return None
+    sealed = signing.seal_results(
+        key_id, signing.KIND_SCENARIO_RESULT, scenario_payload_to_json(result)
+    )
+    publish_or_spool("scenario", sealed, 1)
+    return result["outcome"]
+
+
+@shared_task(
+    name="monitor.tasks.ingest_scenario", bind=True, acks_late=True, reject_on_worker_lost=True
+)
+def ingest_scenario(self: Task[Any, Any], result: dict[str, Any]) -> bool:
+    """A scenario result signed by a region worker: stored only for that region's open slot."""
+    try:
+        return scenarios.ingest_signed(result)
+    except _DATABASE_ERRORS as exc:
+        _retry_or_park(self, "scenario", result, exc)
         return False
-    race = body.get("race") if isinstance(body, dict) else None
-    if not isinstance(race, dict) or race.get("region_id") != region_id:
-        log.warning("refused a race result: signed by another region than its race's")
-        ingest.count_rejected(1)
-        return False
-    return races.ingest(body, received_at=timezone.now())
 
 
 @shared_task(
@@ -150,6 +256,7 @@ def send_digests() -> dict[str, int]:
 _DISPATCHABLE: dict[str, tuple[Task[Any, Any], str]] = {
     RUN_PROBE_BATCH: (run_probe_batch, signing.KIND_BATCH),
     RUN_RACE: (run_race, signing.KIND_RACE),
+    RUN_SCENARIO: (run_scenario, signing.KIND_SCENARIO),
 }
 
 

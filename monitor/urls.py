@@ -20,8 +20,11 @@ urlpatterns = [
     path("demo-history/", views.demo_history, name="rw-demo-history"),
     path("export/results.<str:fmt>", views.export, name="rw-export"),
     path("metrics", views.metrics, name="rw-metrics"),
+    path("status/", views.status, name="rw-status"),
+    path("status/replay-dead-letters", views.replay_dead_letters, name="rw-replay-dead-letters"),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
+    path("api/v1/", include("monitor.api.urls")),
     path("", include("monitor.digest.urls")),
 ]

@@ -16,13 +16,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from monitor.models import EvalCase, Heartbeat, Provider, Region, Route, Task
+from monitor.pipeline.ingest import region_heartbeat
 
 WORKER_FRESH = timedelta(minutes=10)
-
-
-def region_heartbeat(region_id: int) -> str:
-    """The Heartbeat row a region's worker keeps alive by delivering results."""
-    return f"region:{region_id}"
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,13 @@ partial)."""
 from __future__ import annotations
 
 import hmac
-from datetime import datetime, timedelta
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
-from django.db import connection
+from django.contrib import messages
+from django.contrib.admin.views.decorators import staff_member_required
+from django.db import InterfaceError, OperationalError, connection
 from django.db.models import Max, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -33,6 +36,7 @@ from monitor.pages import overview as overview_data
 from monitor.pages import races as pages_races
 from monitor.pages import regions as pages_regions
 from monitor.pages import route as pages_route
+from monitor.pages import scenario as pages_scenario
 from monitor.pages import task as pages_task
 from monitor.pages import whatif as pages_whatif
 from monitor.pages.common import (
@@ -47,6 +51,8 @@ from monitor.pages.common import (
 from monitor.pages.http import HtmxHttpRequest
 from monitor.pages.overview import metric_label
 from monitor.pages.setup import setup_checklist
+from monitor.pipeline import queues
+from monitor.stats import spend
 
 
 def _partial(request: HtmxHttpRequest, template: str, partials: set[str]) -> str:
@@ -102,6 +108,7 @@ def overview(request: HtmxHttpRequest) -> HttpResponse:
         "refresh_s": settings.DASHBOARD_REFRESH_SECONDS,
         "rendered_at": now,
         "checklist": None if data.rows else setup_checklist(),
+        "cap_notices": _cap_notices(Task.objects.filter(is_active=True), now),
     }
     # Its only htmx request is the refresh of the body.
     template = "front/overview.html#overview-body" if request.htmx else "front/overview.html"
@@ -122,6 +129,7 @@ def task_detail(request: HtmxHttpRequest, slug: str) -> HttpResponse:
         "ranges": RANGES.values(),
         "custom_rows": range(1, pages_whatif.CUSTOM_ROWS + 1),
         "now": now,
+        "cap_notices": _cap_notices([task], now),
         "metric_label": metric_label(data.choice.metric),
         "reference": task.reference_label(),
     }
@@ -137,9 +145,11 @@ def route_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     now = timezone.now()
     ctx = {
         "page": pages_route.build(route, task, region, window, now),
+        "scenario": pages_scenario.build(route, task, region, window, now) if task else None,
         "route": route,
         "ranges": RANGES.values(),
         "now": now,
+        "cap_notices": _cap_notices([task] if task else [], now),
     }
     return render(request, _partial(request, "front/route.html", {"route-body"}), ctx)
 
@@ -157,6 +167,7 @@ def regions(request: HtmxHttpRequest) -> HttpResponse:
         "matrix": pages_regions.build(task, metric, window, now) if task else None,
         "metrics": pages_regions.METRICS.items(),
         "ranges": RANGES.values(),
+        "cap_notices": _cap_notices([task] if task else [], now),
     }
     return render(request, _partial(request, "front/regions.html", {"matrix-body"}), ctx)
 
@@ -260,8 +271,50 @@ def metrics(request: HtmxHttpRequest) -> HttpResponse:
             content_type="text/plain; charset=utf-8",
             headers={"WWW-Authenticate": 'Bearer realm="routewatch"'},
         )
-    body = "".join(pages_metrics.lines(timezone.now()))
-    return HttpResponse(body, content_type=pages_metrics.CONTENT_TYPE)
+    body, content_type = pages_metrics.exposition(request.headers.get("Accept", ""), timezone.now())
+    return HttpResponse(body, content_type=content_type)
+
+
+def _broker_figures() -> queues.BrokerFigures | None:
+    return queues.broker_figures(g.queue_name for g in Region.objects.filter(is_active=True))
+
+
+def _cap_notices(tasks: Iterable[Task], now: datetime) -> list[spend.CapState]:
+    """Why capped tasks stopped (or paused some routes), for the top of every page."""
+    return list(spend.cap_states(tasks, now).values())
+
+
+@readonly_page
+@require_GET
+def status(request: HtmxHttpRequest) -> HttpResponse:
+    """The pipeline's health: queue depths, unacknowledged and parked messages, the tick,
+    and tasks stopped by their spend caps."""
+    now = timezone.now()
+    figures = _broker_figures()
+    ctx = {
+        "figures": figures,
+        "letters": [
+            {**letter, "parked": datetime.fromtimestamp(letter["parked_at"], UTC)}
+            for letter in (queues.dead_letters(50) if figures and figures["dead_letters"] else [])
+        ],
+        "tick": Heartbeat.objects.filter(name="tick").first(),
+        "cap_notices": _cap_notices(Task.objects.filter(is_active=True), now),
+        "now": now,
+    }
+    return render(request, "front/status.html", ctx)
+
+
+@staff_member_required
+@require_POST
+def replay_dead_letters(request: HttpRequest) -> HttpResponse:
+    """Ingest the parked messages again (idempotent: nothing is stored twice)."""
+    try:
+        replayed, stored = queues.replay_dead_letters()
+    except (OperationalError, InterfaceError) as exc:
+        messages.error(request, f"The database is still unavailable ({type(exc).__name__}).")
+    else:
+        messages.success(request, f"{replayed} messages replayed: {stored} results newly stored.")
+    return redirect("rw-status")
 
 
 @require_GET

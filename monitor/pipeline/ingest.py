@@ -2,9 +2,15 @@
 
 Region workers send results over the broker as JSON objects whose keys are ProbeResult column
 names (monitor.pipeline.messages.ResultPayload). `ingest` COPYs a batch into a temporary
-table, then INSERTs it with ON CONFLICT DO NOTHING on the slot key: a redelivered message, or
-a result that arrives after its slot was recorded missed, changes nothing. Only the rows really
+table, then INSERTs it with ON CONFLICT DO NOTHING on the slot key: a redelivered message
+changes nothing. A result that arrives after its slot was recorded missed, but was measured
+inside the slot's deadline (ingest or the broker was down meanwhile), replaces the missed row,
+which leaves the rollups; one measured after the deadline changes nothing. Only the rows really
 inserted (RETURNING) are folded into the rollups, in the same transaction.
+
+The database being unavailable (OperationalError, InterfaceError) is not a refusal: it
+propagates, and the ingest task retries the message with backoff, then parks it in the
+dead-letter list (monitor.tasks, monitor.pipeline.queues).
 
 One bad result never costs the others (it used to: one count past 2**31-1 failed the COPY, and
 with it every probe of that region's tick, on every tick):
@@ -26,10 +32,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
-from django.db import DatabaseError, connection, models, transaction
+from django.db import (
+    DatabaseError,
+    InterfaceError,
+    OperationalError,
+    connection,
+    models,
+    transaction,
+)
+from django.db.models import F
 from django.utils import timezone
 
 from monitor.models import (
@@ -47,6 +61,7 @@ from monitor.models import (
     Route,
     Task,
 )
+from monitor.pipeline import genai_otlp, signing
 from monitor.pipeline.messages import (
     ContractError,
     ResultPayload,
@@ -65,6 +80,10 @@ DETAIL_LIMIT = 500
 INT_MAX = 2**31 - 1
 # The Heartbeat row counting results (and race results) rejected at ingest.
 REJECTED_COUNTER = "ingest-rejected"
+# Errors that say the database is unavailable (connection lost, server restarting, a deadlock
+# or a cancelled statement), not that it refuses a row: never counted as rejections, they
+# propagate so the ingest task retries the whole message (monitor.tasks).
+UNAVAILABLE = (OperationalError, InterfaceError)
 
 _FIELDS: list[models.Field[Any, Any]] = [
     f for f in ProbeResult._meta.concrete_fields if f.name != "id"
@@ -79,9 +98,11 @@ _DEFAULTS: dict[str, Any] = {
 # Longer text is cut to these (the answer is kept for grading and the probe log, not whole).
 _TEXT_LIMITS = {"text": TEXT_LIMIT, "error_detail": DETAIL_LIMIT}
 _KEY = [COLUMNS.index(c) for c in ("task_id", "route_id", "region_id", "slot_at")]
+_OUTCOME = COLUMNS.index("outcome")
 
-# What the rollups need from each inserted row (RETURNING these columns).
-_ROLLED = list(ResultRow._fields)
+# What the rollups need from each inserted row (RETURNING these columns; app e2e is a
+# scenario's, not a column).
+_ROLLED = [f for f in ResultRow._fields if f != "app_e2e_ms"]
 
 
 class BadPayload(ValueError):
@@ -232,9 +253,28 @@ def row_from_payload(
     return tuple(values[f.attname] for f in _FIELDS)
 
 
+# A measured result replaces its slot's `missed` row when it was measured inside the slot's
+# deadline (it ended by then: start plus its e2e time, or its start when it has none): it was
+# only late to arrive (ingest or the broker down, results waiting in a spool). The deleted
+# missed rows come back (RETURNING) to be taken out of the rollups. A result measured after the
+# deadline changes nothing, and neither does a second copy of a result (ON CONFLICT).
+_REPLACE_MISSED = """
+DELETE FROM monitor_proberesult AS p USING rw_ingest AS i, monitor_probeslot AS s
+WHERE p.outcome = %s AND i.outcome <> %s
+  AND p.task_id = i.task_id AND p.route_id = i.route_id
+  AND p.region_id = i.region_id AND p.slot_at = i.slot_at
+  AND s.task_id = i.task_id AND s.route_id = i.route_id
+  AND s.region_id = i.region_id AND s.slot_at = i.slot_at
+  AND i.started_at + coalesce(i.e2e_ms, 0) * interval '1 millisecond' <= s.deadline_at
+RETURNING {returning}
+"""
+
+
 def insert_rows(rows: Sequence[tuple[Any, ...]]) -> list[ResultRow]:
     """COPY rows into a temp table, INSERT what does not conflict; returns what was inserted.
-    Must run inside a transaction (the temp table empties itself at commit)."""
+    A measured result replaces a `missed` row of its slot (see _REPLACE_MISSED); the rollups
+    lose that missed one here. Must run inside a transaction (the temp table empties itself at
+    commit)."""
     if not rows:
         return []
     columns = ", ".join(connection.ops.quote_name(c) for c in COLUMNS)
@@ -251,11 +291,28 @@ def insert_rows(rows: Sequence[tuple[Any, ...]]) -> list[ResultRow]:
         ):
             for row in rows:
                 copy.write_row(row)
-        cursor.execute(
-            f"INSERT INTO monitor_proberesult ({columns}) SELECT {columns} FROM rw_ingest "
-            f"ON CONFLICT DO NOTHING RETURNING {', '.join(_ROLLED)}"
-        )
-        return [ResultRow(*r) for r in cursor.fetchall()]
+        measured = sum(1 for row in rows if row[_OUTCOME] != OUTCOME_MISSED)
+        inserted: list[ResultRow] = []
+        # Twice at most: a sweep that commits its missed row between our DELETE and INSERT
+        # makes the INSERT conflict; a second DELETE sees that row (a new statement, a new
+        # snapshot) and the INSERT then stores the measurement.
+        for _ in range(2 if measured else 1):
+            if measured:
+                returning = ", ".join(f"p.{c}" for c in _ROLLED)
+                cursor.execute(
+                    _REPLACE_MISSED.format(returning=returning), [OUTCOME_MISSED, OUTCOME_MISSED]
+                )
+                replaced = [ResultRow(*r) for r in cursor.fetchall()]
+                if replaced:
+                    rollups.retract(replaced)
+            cursor.execute(
+                f"INSERT INTO monitor_proberesult ({columns}) SELECT {columns} FROM rw_ingest "
+                f"ON CONFLICT DO NOTHING RETURNING {', '.join(_ROLLED)}"
+            )
+            inserted.extend(ResultRow(*r) for r in cursor.fetchall())
+            if len(inserted) == len(rows):
+                break
+        return inserted
 
 
 def refusal(exc: DatabaseError) -> str:
@@ -283,6 +340,8 @@ def write_rows(rows: Sequence[tuple[Any, ...]]) -> tuple[list[ResultRow], int]:
     try:
         with transaction.atomic():
             return insert_rows(rows), 0
+    except UNAVAILABLE:
+        raise  # the database is away, not refusing these rows: the caller retries them all
     except DatabaseError as exc:
         log.warning(
             "bulk write of %d results refused (%s); writing them one by one",
@@ -295,6 +354,8 @@ def write_rows(rows: Sequence[tuple[Any, ...]]) -> tuple[list[ResultRow], int]:
         try:
             with transaction.atomic():
                 inserted.extend(insert_rows([row]))
+        except UNAVAILABLE:
+            raise
         except DatabaseError as exc:
             refused += 1
             log.warning(
@@ -372,11 +433,13 @@ def mark_reference(
 
 
 def admit(
-    payloads: Sequence[ResultPayload], region_id: int, received_at: datetime
+    payloads: Sequence[ResultPayload], region_id: int, sealed_at: datetime
 ) -> tuple[list[ResultPayload], int]:
-    """Of the results a region's worker sent, those for an open slot of that region (one
-    that exists, is still dispatched, and whose deadline has not passed by our clock at
-    receipt); returns them and how many were refused (each logged by key, without values)."""
+    """Of the results a region's worker sent, those for a slot of that region that exists and
+    is still open (dispatched, or recorded missed while the result was on its way: a result
+    sealed in time replaces `missed`), sealed by the slot's deadline (the signed issue time,
+    which cannot run ahead of our clock: signing.open_results); returns them and how many
+    were refused (each logged by key, without values)."""
     keys = set()
     for p in payloads:
         try:
@@ -389,7 +452,7 @@ def admit(
     if keys:
         rows = ProbeSlot.objects.filter(
             region_id=region_id,
-            status=SLOT_DISPATCHED,
+            status__in=(SLOT_DISPATCHED, SLOT_MISSED),
             slot_at__in={k[3] for k in keys},
         ).values_list("task_id", "route_id", "region_id", "slot_at", "deadline_at")
         open_slots = {tuple(r[:4]): r[4] for r in rows}
@@ -406,8 +469,8 @@ def admit(
             deadline = open_slots.get((p["task_id"], p["route_id"], p["region_id"], at))
             if deadline is None:
                 reason = "no open slot for it"
-            elif received_at > deadline:
-                reason = "received after its slot's deadline"
+            elif sealed_at > deadline:
+                reason = "sent after its slot's deadline"
         if reason:
             log.warning("rejected result %s: %s", result_key(p), reason)
             refused += 1
@@ -416,13 +479,42 @@ def admit(
     return admitted, refused
 
 
-def ingest(message: object, *, from_region: int | None = None) -> int:
+def ingest_signed(envelope: object) -> int:
+    """Results as a region worker sends them (signed, monitor.pipeline.signing): stored only
+    for that region's open slots, sealed in time (`admit`); refused whole otherwise."""
+    try:
+        opened = signing.open_results(envelope, signing.KIND_RESULTS)
+    except signing.Refused as exc:
+        log.warning("refused a result message: %s", exc)
+        count_rejected(1)
+        return 0
+    # The region's worker is running: what it signed arrived (the setup checklist reads this).
+    seen_region(opened.region_id)
+    return ingest(opened.body, from_region=opened.region_id, sealed_at=opened.sealed_at)
+
+
+def region_heartbeat(region_id: int) -> str:
+    """The Heartbeat row a region's worker keeps alive by delivering results."""
+    return f"region:{region_id}"
+
+
+def seen_region(region_id: int) -> None:
+    now = timezone.now()
+    name = region_heartbeat(region_id)
+    if not Heartbeat.objects.filter(name=name).update(last_seen=now, count=F("count") + 1):
+        Heartbeat.objects.get_or_create(name=name, defaults={"last_seen": now, "count": 1})
+
+
+def ingest(
+    message: object, *, from_region: int | None = None, sealed_at: datetime | None = None
+) -> int:
     """Store results from region workers (a list of ResultPayload); returns how many new rows
     were written. What cannot be stored is logged, counted and skipped; the rest is kept.
 
     `from_region`: the region whose key signed the message (the broker path,
-    monitor.tasks.ingest_results); then only results for that region's open slots are kept
-    (`admit`). Without it (trusted callers in this process) every result is stored."""
+    monitor.tasks.ingest_results), with `sealed_at` when it signed them; then only results for
+    that region's open slots are kept (`admit`). Without it (trusted callers in this process)
+    every result is stored."""
     now = timezone.now()
     if not isinstance(message, list):
         log.warning("rejected a result message: expected a list, got %s", type(message).__name__)
@@ -437,7 +529,7 @@ def ingest(message: object, *, from_region: int | None = None) -> int:
             log.warning("rejected result %s: %s", result_key(item), exc)
             rejected += 1
     if from_region is not None:
-        payloads, refused_here = admit(payloads, from_region, now)
+        payloads, refused_here = admit(payloads, from_region, sealed_at or now)
         rejected += refused_here
         for p in payloads:
             # Demo history is made in this process only (monitor.demo_history): what a worker
@@ -469,9 +561,42 @@ def ingest(message: object, *, from_region: int | None = None) -> int:
         with connection.cursor() as cursor:
             cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
         inserted, refused = write_rows(rows)
-        _set_slot_status(inserted, SLOT_DONE, only_open=True)
+        # Open slots, and missed ones whose late result replaced the missed row.
+        _set_slot_status(inserted, SLOT_DONE, only_open=False)
         rollups.apply(inserted)
         count_rejected(rejected + refused)
+        if inserted and genai_otlp.enabled():
+            # Only what was stored, once stored (a rolled-back batch is redelivered).
+            transaction.on_commit(partial(genai_otlp.record, inserted, rows_in, prices))
+    return len(inserted)
+
+
+SlotKey = tuple[int, int, int, datetime]  # (task_id, route_id, region_id, slot_at)
+
+
+def record_missed(keys: Sequence[SlotKey], now: datetime, detail: str) -> int:
+    """Record each slot's one result as `missed` (unless it already has one) and mark the slot
+    missed; returns how many were recorded. Must run inside a transaction."""
+    rows = [
+        row_from_payload(
+            {
+                "task_id": task_id,
+                "route_id": route_id,
+                "region_id": region_id,
+                "slot_at": slot_at,
+                "started_at": slot_at,
+                "outcome": OUTCOME_MISSED,
+                "error_kind": Kind.MISSED,
+                "error_detail": detail,
+            },
+            {},
+            now,
+        )
+        for task_id, route_id, region_id, slot_at in keys
+    ]
+    inserted = insert_rows(rows)
+    _set_slot_status(inserted, SLOT_MISSED, only_open=False)
+    rollups.apply(inserted)
     return len(inserted)
 
 
@@ -486,29 +611,13 @@ def sweep_missed(now: datetime | None = None, limit: int = 5000) -> int:
         )
         if not expired:
             return 0
-        rows = [
-            row_from_payload(
-                {
-                    "task_id": slot.task_id,
-                    "route_id": slot.route_id,
-                    "region_id": slot.region_id,
-                    "slot_at": slot.slot_at,
-                    "started_at": slot.slot_at,
-                    "outcome": OUTCOME_MISSED,
-                    "error_kind": Kind.MISSED,
-                    "error_detail": "no result arrived by the slot's deadline",
-                },
-                {},
-                now,
-            )
-            for slot in expired
-        ]
-        inserted = insert_rows(rows)
         # Slots whose real result beat us to the row are done, not missed.
         ProbeSlot.objects.filter(pk__in=[s.pk for s in expired]).update(status=SLOT_DONE)
-        _set_slot_status(inserted, SLOT_MISSED, only_open=False)
-        rollups.apply(inserted)
-    return len(inserted)
+        return record_missed(
+            [(s.task_id, s.route_id, s.region_id, s.slot_at) for s in expired],
+            now,
+            "no result arrived by the slot's deadline",
+        )
 
 
 def delete_old_results(days: int, batch: int = 20_000) -> int:

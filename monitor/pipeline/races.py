@@ -37,7 +37,8 @@ from monitor.models import (
     Route,
     Task,
 )
-from monitor.pipeline.ingest import INT_MAX, count_rejected, refusal
+from monitor.pipeline import signing
+from monitor.pipeline.ingest import INT_MAX, UNAVAILABLE, count_rejected, refusal
 from monitor.pipeline.messages import (
     RUN_RACE,
     ContractError,
@@ -56,7 +57,7 @@ from monitor.pipeline.slots import (
     slot_times,
     starts_later,
 )
-from monitor.stats import rollups
+from monitor.stats import rollups, spend
 
 log = logging.getLogger(__name__)
 
@@ -73,10 +74,12 @@ def _racing_routes(task: Task) -> list[Route]:
 
 
 def race_cost_estimate(task: Task, routes: list[Route]) -> Decimal:
-    return sum((r.cost_usd(task.input_tokens, task.max_tokens) for r in routes), Decimal("0"))
+    return spend.race_estimate_usd(task, routes)
 
 
-def due_races(now: datetime, spent: Mapping[int, Decimal]) -> list[tuple[Task, Region, datetime]]:
+def due_races(now: datetime, committed: dict[int, Decimal]) -> list[tuple[Task, Region, datetime]]:
+    """Races due now. `committed` (spent plus in flight per task) grows by each race's
+    estimated cost as it is taken: a race that would pass the task's cap is not run."""
     tasks = Task.objects.filter(is_active=True, race_interval_s__isnull=False).prefetch_related(
         "routes__provider", "regions"
     )
@@ -91,14 +94,15 @@ def due_races(now: datetime, spent: Mapping[int, Decimal]) -> list[tuple[Task, R
         routes = _racing_routes(task)
         if len(routes) < 2:
             continue  # a race needs two lanes
-        if task.monthly_spend_cap_usd is not None and (
-            spent.get(task.pk, Decimal("0")) + race_cost_estimate(task, routes)
-            > task.monthly_spend_cap_usd
-        ):
-            continue
+        cost = race_cost_estimate(task, routes)
         for region in task.regions.all():
             if not region.is_active:
                 continue
+            so_far = committed.get(task.pk, Decimal("0"))
+            if task.monthly_spend_cap_usd is not None and (
+                so_far + cost > task.monthly_spend_cap_usd
+            ):
+                break
             phase = phase_s(task.pk, 0, region.pk, interval)
             after = latest.get((task.pk, region.pk))
             # Races are not caught up after downtime: only the current one counts.
@@ -106,6 +110,7 @@ def due_races(now: datetime, spent: Mapping[int, Decimal]) -> list[tuple[Task, R
             # A first race too late to get its whole deadline is not started.
             if times and not (after is None and starts_later(times[-1], now)):
                 due.append((task, region, times[-1]))
+                committed[task.pk] = so_far + cost
     return due
 
 
@@ -160,11 +165,11 @@ def race_message(
 
 
 def plan(
-    now: datetime, spent: Mapping[int, Decimal], cases: Mapping[int, list[EvalCase]]
+    now: datetime, committed: dict[int, Decimal], cases: Mapping[int, list[EvalCase]]
 ) -> list[Dispatch]:
     """Claim due races; return one message to send for each (monitor.tasks sends them)."""
     with transaction.atomic():
-        claimed = claim(due_races(now, spent))
+        claimed = claim(due_races(now, committed))
     return [
         Dispatch(
             task_name=RUN_RACE,
@@ -190,11 +195,28 @@ def _finite(value: float | None) -> float | None:
     return value if value is None or math.isfinite(value) else None
 
 
-def ingest(data: object, *, received_at: datetime | None = None) -> bool:
+def ingest_signed(envelope: object) -> bool:
+    """A race result as a region worker sends it (signed, monitor.pipeline.signing): stored
+    only when signed by its race's region and sealed by the race's deadline."""
+    try:
+        opened = signing.open_results(envelope, signing.KIND_RACE_RESULT)
+    except signing.Refused as exc:
+        log.warning("refused a race result: %s", exc)
+        count_rejected(1)
+        return False
+    race = opened.body.get("race") if isinstance(opened.body, dict) else None
+    if not isinstance(race, dict) or race.get("region_id") != opened.region_id:
+        log.warning("refused a race result: signed by another region than its race's")
+        count_rejected(1)
+        return False
+    return ingest(opened.body, sealed_at=opened.sealed_at)
+
+
+def ingest(data: object, *, sealed_at: datetime | None = None) -> bool:
     """Store one race result from a region worker; False when the race was already closed,
     or when the result does not match the contract (logged and counted as ingest-rejected;
-    the race is then recorded missed by the sweep). `received_at` (the broker path): a race
-    whose deadline had passed by then, by our clock, is closed."""
+    the race is then recorded missed by the sweep). `sealed_at` (the broker path): when the
+    worker signed it (signing.Opened); a race whose deadline had passed by then is closed."""
     try:
         result = race_result_from_json(data)
         key = result["race"]
@@ -246,8 +268,8 @@ def ingest(data: object, *, received_at: datetime | None = None) -> bool:
                 slot_at=slot_at,
                 status=SLOT_DISPATCHED,
             )
-            if received_at is not None:  # late by our clock at receipt, not the worker's
-                open_race = open_race.filter(deadline_at__gte=received_at)
+            if sealed_at is not None:  # sealed after the deadline: too late
+                open_race = open_race.filter(deadline_at__gte=sealed_at)
             updated = open_race.update(
                 status=SLOT_DONE,
                 started_at=started_at,
@@ -258,6 +280,8 @@ def ingest(data: object, *, received_at: datetime | None = None) -> bool:
                 loser_cost_usd=min(loser_cost, _COST_MAX),
                 cost_usd=min(total, _COST_MAX),
             )
+    except UNAVAILABLE:
+        raise  # retried by the ingest task (monitor.tasks), not a refusal
     except DatabaseError as exc:
         log.warning("rejected race result %s: the database refused it (%s)", key, refusal(exc))
         count_rejected(1)

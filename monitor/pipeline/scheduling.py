@@ -19,21 +19,11 @@ from decimal import Decimal
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Max, Sum
+from django.db.models import Max
 from django.utils import timezone
 
-from monitor.models import (
-    GRAIN_DAY,
-    SLOT_DONE,
-    EvalCase,
-    ProbeSlot,
-    RaceRun,
-    Region,
-    Rollup,
-    Route,
-    Task,
-)
-from monitor.pipeline import races
+from monitor.models import EvalCase, ProbeSlot, Region, Route, Task
+from monitor.pipeline import ingest, races, scenarios
 from monitor.pipeline.messages import (
     RUN_PROBE_BATCH,
     Dispatch,
@@ -43,66 +33,71 @@ from monitor.pipeline.messages import (
 from monitor.pipeline.slots import (
     Slot,
     expires_at,
+    in_time,
     phase_s,
     probe_message,
     slot_times,
     starts_later,
 )
+from monitor.stats import spend
 
 
 def month_spend_by_task(now: datetime) -> dict[int, Decimal]:
-    start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    rows = (
-        Rollup.objects.filter(grain=GRAIN_DAY, region__isnull=True, bucket_start__gte=start)
-        .values("task_id")
-        .annotate(spent=Sum("cost_usd"))
-    )
-    spent: dict[int, Decimal] = defaultdict(Decimal)
-    for r in rows:
-        spent[r["task_id"]] += r["spent"] or Decimal("0")
-    # Races are paid for too, every lane of them.
-    race_spend = (
-        RaceRun.objects.filter(slot_at__gte=start, status=SLOT_DONE)
-        .values("task_id")
-        .annotate(spent=Sum("cost_usd"))
-    )
-    for r in race_spend:
-        spent[r["task_id"]] += r["spent"] or Decimal("0")
-    return dict(spent)
+    """What each task's ingested probes and finished races cost this month."""
+    return spend.spent_by_task(now)
 
 
-def spend_capped(task: Task, route: Route, spent: Decimal) -> bool:
+def spend_capped(task: Task, route: Route, committed: Decimal) -> bool:
     """Would one more probe of this route take the task past its monthly cap?"""
     if task.monthly_spend_cap_usd is None:
         return False
-    next_probe = route.cost_usd(task.input_tokens, task.max_tokens)
-    return spent + next_probe > task.monthly_spend_cap_usd
+    return committed + spend.probe_estimate_usd(task, route) > task.monthly_spend_cap_usd
 
 
-def due_slots(now: datetime) -> list[Slot]:
-    tasks = Task.objects.filter(is_active=True).prefetch_related("routes__provider", "regions")
+def due_slots(now: datetime, committed: dict[int, Decimal] | None = None) -> list[Slot]:
+    """The slots to create now. `committed` (spent plus in flight, per task; read here when not
+    given) grows by each in-time slot's estimated cost as it is taken, so the cap holds within
+    the tick: a task stops taking slots at the first that would pass its cap. Slots already too
+    late to send (slots.in_time) cost nothing: `plan` records them missed unsent."""
+    if committed is None:
+        committed = spend.committed_by_task(now)
+    tasks = Task.objects.filter(is_active=True).prefetch_related(
+        "routes__provider", "regions", "steps"
+    )
     latest = {
         (r["task_id"], r["route_id"], r["region_id"]): r["last"]
         for r in ProbeSlot.objects.values("task_id", "route_id", "region_id").annotate(
             last=Max("slot_at")
         )
     }
-    spent = month_spend_by_task(now)
     slots: list[Slot] = []
     for task in tasks:
+        cap = task.monthly_spend_cap_usd
+        capped = False
         for route in task.routes.all():
+            if capped:
+                break
             if not (route.is_active and route.provider.is_active):
                 continue
-            if spend_capped(task, route, spent.get(task.pk, Decimal("0"))):
+            cost = spend.probe_estimate_usd(task, route)
+            if spend_capped(task, route, committed.get(task.pk, Decimal("0"))):
                 continue
             for region in task.regions.all():
-                if not region.is_active:
+                if not region.is_active or capped:
                     continue
                 phase = phase_s(task.pk, route.pk, region.pk, task.probe_interval_s)
                 after = latest.get((task.pk, route.pk, region.pk))
                 for at in slot_times(now, task.probe_interval_s, phase, after):
                     if after is None and starts_later(at, now):
                         continue
+                    if in_time(at, now):
+                        so_far = committed.get(task.pk, Decimal("0"))
+                        if cap is not None and so_far + cost > cap:
+                            # Nothing more for this task this tick: the next tick sees the
+                            # route capped (in flight counts) and creates none of its slots.
+                            capped = True
+                            break
+                        committed[task.pk] = so_far + cost
                     slots.append(Slot(task, route, region, at))
     return slots
 
@@ -140,12 +135,27 @@ def plan(now: datetime | None = None) -> list[Dispatch]:
     then one message per race. monitor.tasks sends them (this module never touches the
     broker), so a slot claimed here is sent by the tick that claimed it, or by nobody."""
     now = now or timezone.now()
+    committed = spend.committed_by_task(now)
     with transaction.atomic():
-        claimed = claim(due_slots(now))
+        claimed = claim(due_slots(now, committed))
+        # Too late to make their deadline (the scheduler was down): recorded missed at once,
+        # never sent, never paid for.
+        late = [s for s in claimed if not in_time(s.slot_at, now)]
+        ingest.record_missed(
+            [(s.task.pk, s.route.pk, s.region.pk, s.slot_at) for s in late],
+            now,
+            "not sent: the slot was created too late for its probe deadline (scheduler down)",
+        )
     cases = active_eval_cases()
     by_region: dict[Region, list[Slot]] = defaultdict(list)
+    scenario_slots = []
     for slot in claimed:
-        by_region[slot.region].append(slot)
+        if not in_time(slot.slot_at, now):
+            continue
+        if slot.task.is_scenario:  # a whole application run each (monitor.pipeline.scenarios)
+            scenario_slots.append(slot)
+        else:
+            by_region[slot.region].append(slot)
     dispatches = []
     for region, slots in by_region.items():
         batch: ProbeBatch = {
@@ -163,4 +173,5 @@ def plan(now: datetime | None = None) -> list[Dispatch]:
                 tally=len(slots),
             )
         )
-    return dispatches + races.plan(now, month_spend_by_task(now), cases)
+    dispatches += scenarios.dispatches(scenario_slots, cases, now)
+    return dispatches + races.plan(now, committed, cases)

@@ -32,11 +32,13 @@ import hashlib
 import hmac
 import json
 import logging
+import os
 import secrets
+import socket
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 
@@ -55,6 +57,8 @@ KIND_BATCH = "batch"
 KIND_RACE = "race"
 KIND_RESULTS = "results"
 KIND_RACE_RESULT = "race-result"
+KIND_SCENARIO = "scenario"
+KIND_SCENARIO_RESULT = "scenario-result"
 # How far a sender's clock may run ahead of ours.
 CLOCK_SKEW_S = 30.0
 # Prefix of a provider secret re-encrypted for one region: "rwr1.<key id>.<Fernet token>".
@@ -190,6 +194,8 @@ def probe_messages(kind: str, body: Any) -> Iterator[dict[str, Any]]:
         yield from (p for p in body["probes"] if isinstance(p, dict))
     elif kind == KIND_RACE and isinstance(body, dict) and isinstance(body.get("lanes"), dict):
         yield from (p for p in body["lanes"].values() if isinstance(p, dict))
+    elif kind == KIND_SCENARIO and isinstance(body, dict) and isinstance(body.get("probe"), dict):
+        yield body["probe"]
 
 
 def wrap_secret(key: RegionSecret, token: str, url: str) -> str:
@@ -237,9 +243,20 @@ def seal_dispatch(
     return seal(key, region, kind, body, expires.timestamp())
 
 
-def open_results(envelope: object, kind: str) -> tuple[int, Any]:
-    """Ingest's side: (region id, body) of results signed with an active key of that region;
-    Refused otherwise."""
+@dataclass(frozen=True)
+class Opened:
+    """Results opened by ingest: the signing region, the body, and when the worker sealed
+    them (its signed issue time, never later than our clock allows: `verify` refuses one
+    issued in the future). Lateness is judged by this time, not by when ingest got to them:
+    results that waited out an ingest or broker outage were still sealed in time."""
+
+    region_id: int
+    body: Any
+    sealed_at: datetime
+
+
+def open_results(envelope: object, kind: str) -> Opened:
+    """Ingest's side: results signed with an active key of their region; Refused otherwise."""
     from monitor.models import RegionKey
 
     kid = envelope.get("kid") if isinstance(envelope, dict) else None
@@ -252,7 +269,8 @@ def open_results(envelope: object, kind: str) -> tuple[int, Any]:
         raise Refused("signed with a key that is not an active region key")
     key = RegionSecret(row.key_id, row.get_secret())
     _, opened = verify(envelope, {key.key_id: key}, row.region.slug, kind)
-    return row.region_id, opened["body"]
+    sealed_at = datetime.fromtimestamp(float(opened["issued_at"]), tz=UTC)
+    return Opened(row.region_id, opened["body"], sealed_at)
 
 
 # --- a region worker's side (RW_REGION, RW_REGION_KEYS; no master key) ------------------------
@@ -280,10 +298,52 @@ def _redis() -> Any:
     return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=5)
 
 
+def _claimer() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _dead_here(claimer: str) -> bool:
+    """Did a process of this host claim it, one that no longer runs (killed mid-batch)?"""
+    host, _, pid = claimer.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 def claim_nonce(region: str, nonce: str, expires_at: float | None) -> bool:
-    """True the first time this nonce is seen (kept until the message expires)."""
+    """True the first time this nonce is seen (kept until the message expires), and for
+    Celery's redelivery of a message whose worker process died running it (acks_late,
+    reject_on_worker_lost): the claim names the claiming process, and a claim by a process of
+    this host that no longer exists is taken over. A replay while the claimer lives, or from
+    another host, is refused; either way only until the message expires."""
     ttl = max(1, int((expires_at or time.time() + 86400) - time.time() + CLOCK_SKEW_S) + 1)
-    return bool(_redis().set(f"rw:nonce:{region}:{nonce}", b"1", nx=True, ex=ttl))
+    key = f"rw:nonce:{region}:{nonce}"
+    me = _claimer().encode()
+    client = _redis()
+    if client.set(key, me, nx=True, ex=ttl):
+        return True
+    held = client.get(key)
+    if held is None or not _dead_here(held.decode(errors="replace")):
+        return False
+    # Take over only from that dead claimer (compare-and-set: one redelivery wins).
+    with client.pipeline() as pipe:
+        try:
+            pipe.watch(key)
+            if pipe.get(key) != held:
+                return False
+            pipe.multi()
+            pipe.set(key, me, ex=ttl)
+            pipe.execute()
+        except Exception as exc:  # WatchError: another process took it first
+            log.info("nonce take-over lost (%s)", type(exc).__name__)
+            return False
+    return True
 
 
 def open_dispatch(envelope: object, kind: str) -> tuple[str, Any]:

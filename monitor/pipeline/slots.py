@@ -90,6 +90,13 @@ def starts_later(slot_at: datetime, now: datetime) -> bool:
     return settings.TICK_SECONDS <= settings.SLOT_GRACE_SECONDS and now > slot_at + grace()
 
 
+def in_time(slot_at: datetime, now: datetime) -> bool:
+    """Can a probe sent now still finish by the slot's deadline? Only while the slot is within
+    its grace: past that, its whole probe deadline no longer fits before the slot's deadline
+    (a scheduler that was down creates such slots late; they are recorded missed, not sent)."""
+    return now <= slot_at + grace()
+
+
 def expires_at(first_slot_at: datetime, now: datetime) -> datetime:
     """When a message stops being worth running: a worker that picks it up later could not
     finish before the deadlines of the slots it carries."""

@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 
 import probes
+from monitor import limits
 from monitor.logfilters import register_secret
 from monitor.models import ProbeResult as ResultModel
 from monitor.pipeline.messages import (
@@ -114,7 +115,15 @@ def _background_loop() -> asyncio.AbstractEventLoop:
 
 
 def run_on_loop(coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
-    return asyncio.run_coroutine_threadsafe(coro, _background_loop()).result(timeout_s)
+    """Run on the probe loop, waiting at most timeout_s. Whatever ends the wait early (the
+    timeout, Celery's soft time limit, a shutdown) cancels the coroutine: no probe keeps
+    running, and paying, on the loop after its batch has given up on it."""
+    future = asyncio.run_coroutine_threadsafe(coro, _background_loop())
+    try:
+        return future.result(timeout_s)
+    except BaseException:
+        future.cancel()  # cancels the task on the loop (asyncio chains the two futures)
+        raise
 
 
 # --- from a message to a ProbeSpec -------------------------------------------------------------
@@ -279,6 +288,13 @@ def error_payload(message: ProbeMessage, kind: str, detail: str) -> ResultPayloa
 # --- running them ----------------------------------------------------------------------------
 
 
+def _bound_s(prepared: list[tuple[ProbeMessage, ProbeSpec]], window_s: float) -> float:
+    """How long a batch may run: its spread, its longest deadline (never above the longest
+    allowed) and some slack, which stays under the task's soft time limit (monitor.limits)."""
+    longest = max((float(m["timeout_s"]) for m, _ in prepared), default=0.0)
+    return window_s + min(longest, limits.PROBE_TIMEOUT_MAX_S) + limits.AFTER_PROBES_S / 2
+
+
 async def _probe_all(
     prepared: list[tuple[ProbeMessage, ProbeSpec]], window_s: float
 ) -> list[ResultPayload]:
@@ -315,11 +331,10 @@ def run_batch(data: object) -> list[ResultPayload]:
             prepared.append((message, spec_for(message, mapping)))
         except Unusable as exc:
             payloads.append(error_payload(message, Kind.CONFIG, str(exc)))
-    timeout_s = max((float(m["timeout_s"]) for m, _ in prepared), default=0.0) + 60
     if prepared:
         # Spread the batch's starts over one scheduler tick (no burst of simultaneous sends).
-        window_s = float(min(settings.TICK_SECONDS, 10))
-        payloads.extend(run_on_loop(_probe_all(prepared, window_s), timeout_s + window_s))
+        window_s = float(min(settings.TICK_SECONDS, limits.BATCH_SPREAD_MAX_S))
+        payloads.extend(run_on_loop(_probe_all(prepared, window_s), _bound_s(prepared, window_s)))
     return payloads
 
 
@@ -365,8 +380,9 @@ def run_race(data: object) -> RaceResult | None:
                 "error_kind": Kind.CONFIG,
                 "input_tokens": None,
             }
-    timeout_s = float(message["timeout_s"]) + 60
-    started_at, outcome = run_on_loop(_race(lanes, message["reference_ms"]), timeout_s)
+    timeout_s = min(float(message["timeout_s"]), limits.PROBE_TIMEOUT_MAX_S)
+    bound_s = timeout_s + limits.AFTER_PROBES_S / 2
+    started_at, outcome = run_on_loop(_race(lanes, message["reference_ms"]), bound_s)
     results: dict[str, LaneResult] = {
         name: {
             "elapsed_ms": lane.elapsed_ms,

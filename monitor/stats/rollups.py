@@ -54,6 +54,9 @@ class ResultRow(NamedTuple):
     input_tokens: int | None
     output_tokens: int | None
     cost_usd: Decimal | None
+    # A scenario's result (monitor.pipeline.scenarios) folds in as one row with its app e2e;
+    # probe results have none (ingest reads the columns above only).
+    app_e2e_ms: float | None = None
 
 
 def bucket_start(when: datetime, grain: str) -> datetime:
@@ -98,6 +101,7 @@ class _Delta(Counters):
     ref_ttft: list[float] = field(default_factory=list)
     ref_ttfat: list[float] = field(default_factory=list)
     ref_e2e: list[float] = field(default_factory=list)
+    app_e2e: list[float] = field(default_factory=list)
     last_probe_at: datetime | None = None
     last_ok_at: datetime | None = None
 
@@ -115,6 +119,8 @@ class _Delta(Counters):
                         ref_into.append(value)
             if r.tps is not None:
                 self.tps.append(r.tps)
+            if r.app_e2e_ms is not None:
+                self.app_e2e.append(r.app_e2e_ms)
             if self.last_ok_at is None or r.started_at > self.last_ok_at:
                 self.last_ok_at = r.started_at
         elif r.outcome == OUTCOME_MISSED:
@@ -149,6 +155,7 @@ _HISTOGRAMS = (
     "ref_ttft_hist",
     "ref_ttfat_hist",
     "ref_e2e_hist",
+    "app_e2e_hist",
 )
 _LATEST = ("last_probe_at", "last_ok_at")
 _COLUMNS = ", ".join((*_KEY_COLUMNS, *COUNTERS, "error_kinds", *_HISTOGRAMS, *_LATEST))
@@ -161,7 +168,7 @@ ON CONFLICT ({", ".join(_KEY_COLUMNS)}) DO UPDATE SET
       SELECT k, sum(v::int) AS n FROM (
         SELECT * FROM jsonb_each_text(monitor_rollup.error_kinds)
         UNION ALL SELECT * FROM jsonb_each_text(EXCLUDED.error_kinds)
-      ) AS kinds(k, v) GROUP BY k
+      ) AS kinds(k, v) GROUP BY k HAVING sum(v::int) <> 0
     ) AS summed
   ),
   {", ".join(f"{c} = rw_pairs_add(monitor_rollup.{c}, EXCLUDED.{c})" for c in _HISTOGRAMS)},
@@ -178,8 +185,7 @@ _ROW = (
 )
 
 
-def apply(results: Iterable[ResultRow]) -> int:
-    """Fold results into the rollups; returns how many rollup rows were written."""
+def _deltas(results: Iterable[ResultRow]) -> dict[Key, _Delta]:
     deltas: dict[Key, _Delta] = {}
     for r in results:
         if r.task_id is None:
@@ -189,6 +195,29 @@ def apply(results: Iterable[ResultRow]) -> int:
             for region_id in (r.region_id, None):
                 key = (grain, start, r.task_id, r.route_id, region_id)
                 deltas.setdefault(key, _Delta()).add(r)
+    return deltas
+
+
+def apply(results: Iterable[ResultRow]) -> int:
+    """Fold results into the rollups; returns how many rollup rows were written."""
+    return _upsert(_deltas(results))
+
+
+def retract(missed: Iterable[ResultRow]) -> int:
+    """Take `missed` results back out of the rollups (ingest replaced them with the real,
+    late result). Only missed rows: they add counts and error kinds, never a histogram sample
+    or a last-probe time, so subtracting their counts undoes them exactly."""
+    deltas = _deltas(missed)
+    for d in deltas.values():
+        if d.ttft or d.e2e or d.tps or d.last_probe_at is not None or d.count_ok or d.count_error:
+            raise ValueError("only missed results can be retracted from the rollups")
+        for name in COUNTERS:
+            setattr(d, name, -getattr(d, name))
+        d.error_kinds = Counter({k: -n for k, n in d.error_kinds.items()})
+    return _upsert(deltas)
+
+
+def _upsert(deltas: dict[Key, _Delta]) -> int:
     if not deltas:
         return 0
     params: list[Any] = []
@@ -209,6 +238,7 @@ def apply(results: Iterable[ResultRow]) -> int:
                 hist.build(d.ref_ttft, hist.MS),
                 hist.build(d.ref_ttfat, hist.MS),
                 hist.build(d.ref_e2e, hist.MS),
+                hist.build(d.app_e2e, hist.MS),
                 d.last_probe_at,
                 d.last_ok_at,
             ]
@@ -232,6 +262,7 @@ class Stats(Counters):
     ref_ttft_counts: dict[int, int] = field(default_factory=dict)
     ref_ttfat_counts: dict[int, int] = field(default_factory=dict)
     ref_e2e_counts: dict[int, int] = field(default_factory=dict)
+    app_e2e_counts: dict[int, int] = field(default_factory=dict)
     last_probe_at: datetime | None = None
     last_ok_at: datetime | None = None
 
@@ -280,17 +311,23 @@ class Stats(Counters):
     def ttfat_ms(self, q: int) -> float | None:
         return self._percentile(self.ttfat_counts, q, hist.MS)
 
+    def app_e2e_ms(self, q: int) -> float | None:
+        return self._percentile(self.app_e2e_counts, q, hist.MS)
+
     def counts_for(self, name: str, *, reference: bool = False) -> dict[int, int]:
         """The histogram behind a latency metric (e2e_p50, ttft_p95, ttfat_p50, ...): all
-        probes, or the reference option set's only (what ranks routes)."""
-        kind, _, _ = name.partition("_p")
+        probes, or the reference option set's only (what ranks routes). Scenarios always
+        run the reference options: app_e2e has one histogram."""
+        kind, _, _ = name.rpartition("_p")
+        if kind == "app_e2e":
+            return self.app_e2e_counts
         if kind not in ("e2e", "ttft", "ttfat"):
             raise ValueError(f"unknown latency metric {name!r}")
         return getattr(self, f"{'ref_' if reference else ''}{kind}_counts")  # type: ignore[no-any-return]
 
     def metric(self, name: str, *, reference: bool = False) -> float | None:
         """A latency metric by name: e2e_p50, ttft_p95, ttfat_p95, ..."""
-        q = int(name.partition("_p")[2])
+        q = int(name.rpartition("_p")[2])
         return self._percentile(self.counts_for(name, reference=reference), q, hist.MS)
 
     def add_row(self, row: Rollup) -> None:

@@ -79,7 +79,13 @@ def test_region_workers_get_the_broker_and_their_region_key_only(rendered) -> No
         assert "env_file" not in service, name
         assert SERVER_SECRETS.isdisjoint(env), (name, sorted(SERVER_SECRETS & set(env)))
         assert not any(k.startswith("EMAIL_") for k in env), name
-        assert set(env) == {"RW_WORKER_ONLY", "RW_REGION", "RW_REGION_KEYS", "REDIS_URL"}
+        assert set(env) == {
+            "RW_WORKER_ONLY",
+            "RW_REGION",
+            "RW_REGION_KEYS",
+            "REDIS_URL",
+            "RW_SPOOL_DIR",
+        }
         assert env["RW_WORKER_ONLY"] == "true"
         assert f"probes.{env['RW_REGION']}" in service["command"]
         assert "postgres" not in service.get("depends_on", {})

@@ -88,8 +88,46 @@ def test_an_overdue_slot_is_recorded_missed_once(setup) -> None:
     missed = ProbeResult.objects.get()
     assert (missed.outcome, missed.error_kind) == ("missed", "missed")
     assert ProbeSlot.objects.get().status == "missed"
-    # The real result arriving late changes nothing: the slot already has its one row.
-    assert ingest.ingest([f.payload(t, r1, eu, T0)]) == 0
+    assert Rollup.objects.get(grain=GRAIN_HOUR, region=eu).count_missed == 1
+
+
+def test_a_late_result_measured_in_time_replaces_missed_once(setup) -> None:
+    t, r1, _, eu, _ = setup
+    ProbeSlot.objects.create(
+        task=t, route=r1, region=eu, slot_at=T0, deadline_at=T0 + timedelta(minutes=4)
+    )
+    assert ingest.sweep_missed(now=T0 + timedelta(minutes=5)) == 1
+    hour = Rollup.objects.get(grain=GRAIN_HOUR, region=eu)
+    assert (hour.count_ok, hour.count_missed, hour.error_kinds) == (0, 1, {"missed": 1})
+    # Measured at T0 (ingest was down): it replaces the missed row, and the rollups follow.
+    late = f.payload(t, r1, eu, T0 + timedelta(seconds=2))
+    late["slot_at"] = T0.isoformat()
+    assert ingest.ingest([late]) == 1
+    assert ingest.ingest([late]) == 0  # redelivered: still one row
+    row = ProbeResult.objects.get()
+    assert (row.outcome, row.ttft_ms) == ("ok", 500.0)
+    assert ProbeSlot.objects.get().status == "done"
+    for grain in (GRAIN_HOUR, GRAIN_DAY):
+        for region in (eu, None):
+            rollup = Rollup.objects.get(grain=grain, region=region, route=r1)
+            assert (rollup.count_ok, rollup.count_missed) == (1, 0), (grain, region)
+            assert rollup.error_kinds == {}  # no "missed": 0 left behind
+            assert hist.total(rollup.ttft_hist) == 1
+    assert ingest.sweep_missed(now=T0 + timedelta(hours=1)) == 0
+
+
+def test_a_result_measured_after_its_deadline_leaves_missed_alone(setup) -> None:
+    t, r1, _, eu, _ = setup
+    ProbeSlot.objects.create(
+        task=t, route=r1, region=eu, slot_at=T0, deadline_at=T0 + timedelta(minutes=4)
+    )
+    ingest.sweep_missed(now=T0 + timedelta(minutes=5))
+    # Started 3 min 59 s in, ended 2 s later: past the deadline, so it proves nothing.
+    late = f.payload(t, r1, eu, T0 + timedelta(minutes=3, seconds=59))
+    late["slot_at"] = T0.isoformat()
+    assert ingest.ingest([late]) == 0
+    assert ProbeResult.objects.get().outcome == "missed"
+    assert ProbeSlot.objects.get().status == "missed"
     assert Rollup.objects.get(grain=GRAIN_HOUR, region=eu).count_missed == 1
 
 
@@ -162,6 +200,7 @@ def test_probe_results_have_only_the_indexes_their_reads_need() -> None:
         "result_one_per_slot",  # (task, route, region, slot_at): also task lookups
         "result_route_started",  # (route, started_at): also route lookups
         "result_started_brin",
+        "result_scenario_calls",  # partial: a scenario's calls only
         "monitor_proberesult_region_id_82e89292",
         "monitor_proberesult_eval_case_id_f1eec2ad",
     }

@@ -86,7 +86,7 @@ def test_the_empty_overview_is_a_setup_checklist_with_live_status(
     from django.utils import timezone
 
     from monitor.models import Heartbeat, Provider, Region
-    from monitor.pages.setup import region_heartbeat
+    from monitor.pipeline.ingest import region_heartbeat
 
     client.force_login(teammate)
     body = client.get(reverse("rw-overview")).content.decode()

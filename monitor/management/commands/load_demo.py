@@ -9,10 +9,11 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from monitor import demo_history, presets
+from monitor import demo_history, presets, scenario_presets
 from monitor.models import (
     BODY_JSON,
     BODY_MSGPACK_GZIP,
+    CLASS_ASYNC,
     CLASS_BATCH,
     CLASS_INTERACTIVE,
     CONN_COLD,
@@ -194,7 +195,32 @@ class Command(BaseCommand):
                 "prefix_modes": [PREFIX_STABLE, PREFIX_FRESH],
             },
         )
-        for task in (support, summary):
+        agent, _ = Task.objects.update_or_create(
+            slug="agent-loop-10",
+            defaults={
+                "name": "Agent loop: 10 calls",
+                "description": "A scenario (the seeds' agent example): ten sequential calls "
+                "over a growing conversation on one route, then the final answer validated. "
+                "Ranked by application end-to-end time, shown beside the calculator's estimate.",
+                "system_prompt": "You are an agent that works in small steps.",
+                "user_template": "{input}",
+                "input_tokens": 2000,
+                "max_tokens": 60,
+                "latency_class": CLASS_ASYNC,
+                "latency_metric": "",
+                "probe_interval_s": 300,
+                "probe_timeout_s": 300,
+                "http_versions": [HTTP_1_1],
+                "connection_modes": [CONN_WARM],
+                "body_encodings": [BODY_JSON],
+                "prefix_modes": [PREFIX_STABLE],
+            },
+        )
+        steps = scenario_presets.apply(agent, "agent-loop")
+        # The agent's actions are short; the final answer has room for its ANSWER line.
+        steps[-1].max_tokens = 400
+        steps[-1].save(update_fields=["max_tokens"])
+        for task in (support, summary, agent):
             task.routes.set(routes)
             task.regions.set(regions)
         for q in sim_tasks.questions(10):
@@ -208,7 +234,9 @@ class Command(BaseCommand):
                     "properties": {"name": {"const": data["name"]}, "age": {"const": data["age"]}},
                     "required": ["name", "age"],
                 }
-            for task in (support, summary):
+            for task in (support, summary, agent):
+                if task is agent and q.kind != "arithmetic":
+                    continue  # the agent's last step asks the question; numbers grade simply
                 EvalCase.objects.update_or_create(
                     task=task,
                     name=q.name,
@@ -221,5 +249,5 @@ class Command(BaseCommand):
                 )
         self.stdout.write(
             f"Demo configuration: {len(config.providers)} simulated providers, {len(routes)} routes, "
-            f"{len(regions)} regions, 2 tasks."
+            f"{len(regions)} regions, 3 tasks (one a 10-call scenario)."
         )

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("monitor", "0015_region_keys"),
+        ("monitor", "0017_scenarios"),
     ]
 
     operations = [

@@ -1,0 +1,46 @@
+"""The pipeline's time bounds, every one derived from the longest probe deadline allowed.
+
+One place computes them: the Task model's validator on `probe_timeout_s`, the region tasks'
+Celery time limits, the broker's visibility timeout and ingest's retry backoff all read this
+module, so none can contradict another (a batch can never outlive its task's limits, and no
+unacknowledged message comes back while its worker may still be running it). No Django here:
+monitor/settings.py reads it before Django is set up.
+"""
+
+from __future__ import annotations
+
+# The longest probe deadline a task may set (Task.probe_timeout_s).
+PROBE_TIMEOUT_MAX_S = 900
+# A region batch spreads its starts over at most this (monitor.pipeline.worker).
+BATCH_SPREAD_MAX_S = 10
+# After its last probe ends, a batch grades answers and publishes its results (a publish that
+# fails goes to the local spool after a few seconds of retries).
+AFTER_PROBES_S = 60
+
+# A region task (a batch or a race) runs for at most spread + deadline + grading; its soft
+# limit cancels what is still running, its hard limit kills the process a little later.
+REGION_TASK_SOFT_LIMIT_S = BATCH_SPREAD_MAX_S + PROBE_TIMEOUT_MAX_S + AFTER_PROBES_S
+REGION_TASK_HARD_LIMIT_S = REGION_TASK_SOFT_LIMIT_S + 30
+
+# Ingest retries a database error with exponential backoff capped here; a retry waits in the
+# worker as an unacknowledged message, so the cap stays well under the visibility timeout.
+INGEST_RETRY_BACKOFF_MAX_S = 120
+
+# Redis hands an unacknowledged message to another worker after this long. Above the longest
+# a task can hold one (a region task's hard limit, an ingest retry's wait), so a message is
+# never run twice at once. A region worker killed outright (SIGKILL of the whole worker) gets
+# its batch back only after this: by then the batch has expired, and its slots were recorded
+# missed at their deadlines by the sweep (a killed child process is different: Celery rejects
+# its message at once, reject_on_worker_lost, and the batch runs again if still in time).
+VISIBILITY_TIMEOUT_S = max(REGION_TASK_HARD_LIMIT_S, INGEST_RETRY_BACKOFF_MAX_S) + 60
+
+
+def region_task_limits() -> dict[str, int]:
+    """Celery's soft and hard time limits for region tasks (monitor.tasks)."""
+    return {"soft_time_limit": REGION_TASK_SOFT_LIMIT_S, "time_limit": REGION_TASK_HARD_LIMIT_S}
+
+
+def ingest_backoff_s(retries: int, cap_s: int = INGEST_RETRY_BACKOFF_MAX_S) -> int:
+    """Seconds before ingest's next attempt after `retries` failed ones: 1, 2, 4, ... up to the
+    cap (never past INGEST_RETRY_BACKOFF_MAX_S)."""
+    return int(min(2**retries, cap_s, INGEST_RETRY_BACKOFF_MAX_S))

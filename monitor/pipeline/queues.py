@@ -1,0 +1,170 @@
+"""What waits in the broker: queue depths, unacknowledged messages, and the dead-letter list.
+
+Read straight from Redis (the Celery broker): a queue is a Redis list named after it (kombu
+keeps priorities 3, 6 and 9 in lists of their own, summed here), and messages a worker holds
+unacknowledged sit in the `unacked` hash. `/metrics` and the status page show these figures.
+
+The dead-letter list holds ingest messages that the database refused to take for longer than
+ingest's retries (monitor.tasks): kept in Redis, which is up when the database is not, bounded
+by DEAD_LETTER_MAX, shown on the status page and replayed with `manage.py replay_dead_letters`
+or the page's button (ingest is idempotent, so a replay never stores a result twice).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable
+from functools import cache
+from typing import Literal, TypedDict
+
+import redis
+from django.conf import settings
+
+log = logging.getLogger(__name__)
+
+INGEST_QUEUE_NAMES = ("ingest", "default")
+DEAD_LETTER_KEY = "routewatch:dead-letters"
+# kombu's Redis transport: priority steps [0, 3, 6, 9], each non-zero one in "<queue>\x06\x16<n>".
+_PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")
+_UNACKED_KEY = "unacked"
+
+DeadLetterKind = Literal["results", "race", "scenario"]
+
+
+class DeadLetter(TypedDict):
+    kind: DeadLetterKind
+    parked_at: float  # Unix time
+    reason: str  # the error's type, never its message (it may quote values)
+    attempts: int
+    body: object  # the ingest task's argument, as it was sent
+
+
+def client() -> redis.Redis:
+    """The broker's Redis (one client per URL, so a changed REDIS_URL is followed)."""
+    return _client(settings.REDIS_URL)
+
+
+@cache
+def _client(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+
+
+def depths(queues: Iterable[str]) -> dict[str, int]:
+    """Messages waiting in each queue (not yet taken by a worker)."""
+    names = list(dict.fromkeys(queues))
+    pipe = client().pipeline(transaction=False)
+    for name in names:
+        for suffix in _PRIORITY_SUFFIXES:
+            pipe.llen(name + suffix)
+    counts = pipe.execute()
+    step = len(_PRIORITY_SUFFIXES)
+    return {name: sum(counts[i * step : (i + 1) * step]) for i, name in enumerate(names)}
+
+
+def unacked() -> int:
+    """Messages taken by a worker and not yet acknowledged (running, or waiting to retry)."""
+    return int(client().hlen(_UNACKED_KEY))
+
+
+def park(kind: DeadLetterKind, body: object, reason: str, attempts: int) -> None:
+    """Keep an ingest message the database would not take; the oldest go past the bound."""
+    letter: DeadLetter = {
+        "kind": kind,
+        "parked_at": time.time(),
+        "reason": reason,
+        "attempts": attempts,
+        "body": body,
+    }
+    pipe = client().pipeline()
+    pipe.rpush(DEAD_LETTER_KEY, json.dumps(letter))
+    pipe.ltrim(DEAD_LETTER_KEY, -settings.DEAD_LETTER_MAX, -1)
+    pipe.execute()
+    log.error(
+        "ingest gave up after %d attempts (%s): the %s message is parked in the dead-letter list",
+        attempts,
+        reason,
+        kind,
+    )
+
+
+def dead_letter_count() -> int:
+    return int(client().llen(DEAD_LETTER_KEY))
+
+
+def dead_letters(limit: int = 100) -> list[DeadLetter]:
+    """The oldest parked messages, for the status page."""
+    raws: list[bytes] = client().lrange(DEAD_LETTER_KEY, 0, limit - 1)  # type: ignore[assignment]
+    return [json.loads(raw) for raw in raws]
+
+
+def take_dead_letter() -> DeadLetter | None:
+    """Remove and return the oldest parked message (the replayer puts it back if it fails)."""
+    raw: bytes | None = client().lpop(DEAD_LETTER_KEY)  # type: ignore[assignment]
+    return None if raw is None else json.loads(raw)
+
+
+def return_dead_letter(letter: DeadLetter) -> None:
+    client().lpush(DEAD_LETTER_KEY, json.dumps(letter))
+
+
+def replay_dead_letters(limit: int | None = None) -> tuple[int, int]:
+    """Ingest parked messages again, oldest first; returns (messages replayed, results newly
+    stored). Stops at the first database error, the message put back first in line."""
+    # Imported here: the status page reads depths without loading ingest's column checks.
+    from django.db import InterfaceError, OperationalError
+
+    from monitor.pipeline import ingest, races, scenarios
+
+    replayed = stored = 0
+    while limit is None or replayed < limit:
+        letter = take_dead_letter()
+        if letter is None:
+            break
+        try:
+            # Parked as they came: signed by their region (older letters: plain results).
+            signed = isinstance(letter["body"], dict) and "kid" in letter["body"]
+            if letter["kind"] == "scenario":
+                stored += int(scenarios.ingest_signed(letter["body"]))
+            elif letter["kind"] == "race":
+                stored += int(
+                    races.ingest_signed(letter["body"]) if signed else races.ingest(letter["body"])
+                )
+            else:
+                stored += (
+                    ingest.ingest_signed(letter["body"])
+                    if signed
+                    else ingest.ingest(letter["body"])
+                )
+        except (OperationalError, InterfaceError):
+            return_dead_letter(letter)
+            raise
+        replayed += 1
+    return replayed, stored
+
+
+def known_queues(region_queue_names: Iterable[str]) -> list[str]:
+    """Every queue Routewatch uses: ingest's, the default one (beat's periodic tasks) and one
+    per region."""
+    return [*INGEST_QUEUE_NAMES, *sorted(region_queue_names)]
+
+
+class BrokerFigures(TypedDict):
+    depths: dict[str, int]
+    unacked: int
+    dead_letters: int
+
+
+def broker_figures(region_queue_names: Iterable[str]) -> BrokerFigures | None:
+    """Queue depths, unacknowledged messages and parked dead letters; None when the broker
+    does not answer (the pages say so rather than fail)."""
+    try:
+        return {
+            "depths": depths(known_queues(region_queue_names)),
+            "unacked": unacked(),
+            "dead_letters": dead_letter_count(),
+        }
+    except redis.RedisError:
+        log.warning("broker figures unavailable: Redis does not answer")
+        return None

@@ -1,0 +1,166 @@
+"""A task's probe spend this month, against its monthly cap.
+
+What counts toward the cap: results ingested this month (their cost in the daily rollups),
+races finished this month, and what is in flight: slots and races dispatched and not yet closed,
+each at its estimated cost (the route's prices for the task's prompt size and the whole token
+limit sent, so no probe can cost more than its estimate). The scheduler adds each probe's
+estimate as it dispatches it within a tick (monitor.pipeline.scheduling), so a tick cannot
+overshoot the cap either; every page reads `cap_states` to say why a capped task stopped.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+
+from django.db.models import Count, Sum
+
+from monitor.models import (
+    GRAIN_DAY,
+    SLOT_DISPATCHED,
+    SLOT_DONE,
+    ProbeSlot,
+    RaceRun,
+    Rollup,
+    Route,
+    Task,
+)
+
+ZERO = Decimal("0")
+
+
+def month_start(now: datetime) -> datetime:
+    return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+def probe_estimate_usd(task: Task, route: Route) -> Decimal:
+    """The most one probe of this route can cost for this task: the prompt at its target size
+    and the whole token limit sent (route.token_limit) as output."""
+    return route.cost_usd(task.input_tokens, route.token_limit(task.max_tokens))
+
+
+def race_estimate_usd(task: Task, routes: Iterable[Route]) -> Decimal:
+    return sum((probe_estimate_usd(task, r) for r in routes), ZERO)
+
+
+def _active_routes(task: Task) -> list[Route]:
+    return [r for r in task.routes.all() if r.is_active and r.provider.is_active]
+
+
+def spent_by_task(now: datetime) -> dict[int, Decimal]:
+    """What this month's ingested probes and finished races cost, per task."""
+    start = month_start(now)
+    spent: dict[int, Decimal] = defaultdict(Decimal)
+    rows = (
+        Rollup.objects.filter(grain=GRAIN_DAY, region__isnull=True, bucket_start__gte=start)
+        .values("task_id")
+        .annotate(spent=Sum("cost_usd"))
+    )
+    for r in rows:
+        spent[r["task_id"]] += r["spent"] or ZERO
+    races = (
+        RaceRun.objects.filter(slot_at__gte=start, status=SLOT_DONE)
+        .values("task_id")
+        .annotate(spent=Sum("cost_usd"))
+    )
+    for r in races:
+        spent[r["task_id"]] += r["spent"] or ZERO
+    return dict(spent)
+
+
+def in_flight_by_task() -> dict[int, Decimal]:
+    """Slots and races dispatched and not closed yet, at their estimated cost, per task."""
+    open_slots = list(
+        ProbeSlot.objects.filter(status=SLOT_DISPATCHED)
+        .values("task_id", "route_id")
+        .annotate(n=Count("id"))
+    )
+    open_races = list(
+        RaceRun.objects.filter(status=SLOT_DISPATCHED).values("task_id").annotate(n=Count("id"))
+    )
+    task_ids = {r["task_id"] for r in open_slots} | {r["task_id"] for r in open_races}
+    if not task_ids:
+        return {}
+    tasks = Task.objects.prefetch_related("routes__provider").in_bulk(task_ids)
+    routes = Route.objects.in_bulk({r["route_id"] for r in open_slots})
+    out: dict[int, Decimal] = defaultdict(Decimal)
+    for r in open_slots:
+        task, route = tasks.get(r["task_id"]), routes.get(r["route_id"])
+        if task is not None and route is not None:
+            out[task.pk] += probe_estimate_usd(task, route) * r["n"]
+    for r in open_races:
+        task = tasks.get(r["task_id"])
+        if task is not None:
+            out[task.pk] += race_estimate_usd(task, _active_routes(task)) * r["n"]
+    return dict(out)
+
+
+def committed_by_task(now: datetime) -> dict[int, Decimal]:
+    """Spent plus in flight: what the cap is checked against before dispatching more."""
+    committed: dict[int, Decimal] = defaultdict(Decimal, spent_by_task(now))
+    for task_id, amount in in_flight_by_task().items():
+        committed[task_id] += amount
+    return dict(committed)
+
+
+@dataclass
+class CapState:
+    """A capped task's month: what it spent, what is in flight, and what the cap stops."""
+
+    task: Task
+    cap_usd: Decimal
+    spent_usd: Decimal
+    in_flight_usd: Decimal
+    paused_routes: list[Route] = field(default_factory=list)
+    active_routes: int = 0
+
+    @property
+    def committed_usd(self) -> Decimal:
+        return self.spent_usd + self.in_flight_usd
+
+    @property
+    def stopped(self) -> bool:
+        """No route of the task can be probed again this month."""
+        return self.active_routes > 0 and len(self.paused_routes) == self.active_routes
+
+    @property
+    def reason(self) -> str:
+        """Why probing stopped (or partly stopped), for every page."""
+        figures = (
+            f"monthly spend cap ${self.cap_usd:,.2f} reached: ${self.spent_usd:,.4f} spent"
+            + (f" and ${self.in_flight_usd:,.4f} in flight" if self.in_flight_usd else "")
+            + " this month"
+        )
+        if self.stopped:
+            return f"Probing stopped: {figures}; it resumes next month or with a higher cap."
+        names = ", ".join(r.model_id for r in self.paused_routes)
+        return f"Probing paused for {names}: {figures} (another probe would pass it)."
+
+
+def cap_states(tasks: Iterable[Task], now: datetime) -> dict[int, CapState]:
+    """The capped tasks among `tasks` that have at least one route paused by their cap."""
+    capped = [t for t in tasks if t.monthly_spend_cap_usd is not None]
+    if not capped:
+        return {}
+    spent = spent_by_task(now)
+    in_flight = in_flight_by_task()
+    out = {}
+    for task in capped:
+        assert task.monthly_spend_cap_usd is not None
+        state = CapState(
+            task=task,
+            cap_usd=task.monthly_spend_cap_usd,
+            spent_usd=spent.get(task.pk, ZERO),
+            in_flight_usd=in_flight.get(task.pk, ZERO),
+        )
+        routes = _active_routes(task)
+        state.active_routes = len(routes)
+        state.paused_routes = [
+            r for r in routes if state.committed_usd + probe_estimate_usd(task, r) > state.cap_usd
+        ]
+        if state.paused_routes:
+            out[task.pk] = state
+    return out

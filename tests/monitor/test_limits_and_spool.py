@@ -1,0 +1,143 @@
+"""Time bounds that agree with each other, timed-out probes cancelled, and the region worker's
+bounded spool (real files, real processes' pids)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings as django_settings
+from django.core.exceptions import ValidationError
+
+from monitor import limits, tasks
+from monitor.models import Task
+from monitor.pipeline import spool, worker
+
+
+def test_time_limits_all_follow_from_the_longest_probe_deadline() -> None:
+    field = Task._meta.get_field("probe_timeout_s")
+    assert max(v.limit_value for v in field.validators) == limits.PROBE_TIMEOUT_MAX_S  # type: ignore[attr-defined]
+    with pytest.raises(ValidationError):
+        field.run_validators(limits.PROBE_TIMEOUT_MAX_S + 1)
+    # A batch of the longest probes is given up on (and cancelled) before its soft limit,
+    # which comes before its hard limit, which comes before redelivery.
+    longest: Any = [({"timeout_s": limits.PROBE_TIMEOUT_MAX_S}, None)]
+    bound = worker._bound_s(longest, limits.BATCH_SPREAD_MAX_S)
+    assert bound < limits.REGION_TASK_SOFT_LIMIT_S < limits.REGION_TASK_HARD_LIMIT_S
+    assert limits.REGION_TASK_HARD_LIMIT_S < limits.VISIBILITY_TIMEOUT_S
+    assert limits.INGEST_RETRY_BACKOFF_MAX_S < limits.VISIBILITY_TIMEOUT_S
+    # A probe set above the maximum is held to it too.
+    too_long: Any = [({"timeout_s": 3600}, None)]
+    assert worker._bound_s(too_long, 10.0) == bound
+    for task in (tasks.run_probe_batch, tasks.run_race):
+        assert task.soft_time_limit == limits.REGION_TASK_SOFT_LIMIT_S
+        assert task.time_limit == limits.REGION_TASK_HARD_LIMIT_S
+        assert task.acks_late
+        assert task.reject_on_worker_lost
+    transport = django_settings.CELERY_BROKER_TRANSPORT_OPTIONS
+    assert transport["visibility_timeout"] == limits.VISIBILITY_TIMEOUT_S
+
+
+def test_periodic_tasks_expire_before_they_can_pile_up() -> None:
+    schedule: dict[str, Any] = django_settings.CELERY_BEAT_SCHEDULE
+    for name, entry in schedule.items():
+        expires = entry.get("options", {}).get("expires")
+        assert expires is not None, name
+        # By the next run (the overview: the one after, as it runs twice per refresh).
+        assert 0 < expires <= 2 * entry["schedule"], name
+
+
+def test_ingest_backoff_doubles_up_to_its_cap() -> None:
+    waits = [limits.ingest_backoff_s(n, 30) for n in range(8)]
+    assert waits == [1, 2, 4, 8, 16, 30, 30, 30]
+    assert limits.ingest_backoff_s(50) == limits.INGEST_RETRY_BACKOFF_MAX_S
+
+
+def test_a_probe_past_its_bound_is_cancelled_not_orphaned() -> None:
+    cancelled = threading.Event()
+
+    async def forever() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        worker.run_on_loop(forever(), 0.2)
+    assert time.monotonic() - started < 2
+    assert cancelled.wait(5), "the coroutine kept running on the probe loop"
+    # The loop still serves the next batch.
+    assert worker.run_on_loop(asyncio.sleep(0, result=42), 5) == 42
+
+
+@pytest.fixture
+def spool_dir(tmp_path: Path, settings) -> Path:
+    settings.SPOOL_DIR = tmp_path / "spool"
+    settings.SPOOL_MAX_BATCHES = 3
+    settings.SPOOL_MAX_BYTES = 10_000
+    return settings.SPOOL_DIR
+
+
+def test_the_spool_keeps_what_could_not_be_sent_and_sends_it_oldest_first(spool_dir) -> None:
+    for i in range(3):
+        spool.save("results", [{"n": i}], 1)
+    assert spool.pending() == 3
+    sent: list[object] = []
+    assert spool.drain(lambda entry: sent.append(entry["body"])) == 3
+    assert sent == [[{"n": 0}], [{"n": 1}], [{"n": 2}]]
+    assert spool.pending() == 0
+    assert all(not p.name.endswith(".json") for p in spool_dir.iterdir())
+
+
+def test_a_failed_publish_leaves_the_spool_as_it_was(spool_dir) -> None:
+    spool.save("results", [{"n": 0}], 1)
+    spool.save("race", {"race": 1}, 1)
+
+    def broker_down(entry: spool.SpoolEntry) -> None:
+        raise OSError("connection refused")
+
+    with pytest.raises(OSError, match="connection refused"):
+        spool.drain(broker_down)
+    assert spool.pending() == 2
+    kinds = []
+    spool.drain(lambda entry: kinds.append(entry["kind"]))
+    assert kinds == ["results", "race"]
+
+
+def test_a_full_spool_drops_its_oldest_and_counts_them(spool_dir, caplog) -> None:
+    caplog.set_level(logging.ERROR, logger="monitor.pipeline.spool")
+    for i in range(5):
+        spool.save("results", [{"n": i}] * 2, 2)
+    assert spool.pending() == 3
+    assert spool.dropped_total() == 4  # two messages of two results
+    assert "dropped the 1 oldest (2 results); 4 results dropped" in caplog.text
+    bodies: list[object] = []
+    spool.drain(lambda entry: bodies.append(entry["body"]))
+    assert [b[0]["n"] for b in bodies] == [2, 3, 4]  # type: ignore[index]
+    # The byte bound too: one big message pushes the others out.
+    spool.save("results", [{"n": 9, "text": "x" * 9000}], 1)
+    spool.save("results", [{"n": 10, "text": "y" * 9000}], 1)
+    assert spool.pending() == 1
+
+
+def test_a_claim_left_by_a_dead_process_is_taken_back(spool_dir) -> None:
+    path = spool.save("results", [{"n": 1}], 1)
+    # A process that claimed the file and died: pid 2**22 + 1 is above Linux's pid_max default.
+    path.rename(path.with_name(f"{path.name}.claimed-{2**22 + 1}"))
+    bodies: list[object] = []
+    assert spool.drain(lambda entry: bodies.append(entry["body"])) == 1
+    assert bodies == [[{"n": 1}]]
+
+
+def test_a_spool_file_holds_only_results_and_only_its_owner_reads_it(spool_dir) -> None:
+    path = spool.save("results", [{"n": 1}], 1)
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert json.loads(path.read_text())["count"] == 1
