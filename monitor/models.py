@@ -1015,6 +1015,10 @@ class ProbeResult(models.Model):
     text = models.TextField(blank=True)
     quality_pass = models.BooleanField(null=True, blank=True)
     cost_usd = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
+    # Demo history made up from the simulator's profiles on a fresh demo (monitor.demo_history),
+    # never measured: pages say so and can leave it out. Set only in this process, never taken
+    # from a region worker's message (monitor.pipeline.ingest).
+    generated = models.BooleanField(default=False, db_default=False)
     # One call of a scenario (its slot is the scenario's: slot_at stays null here), and the
     # index of its step (0-based).
     scenario = models.ForeignKey["ScenarioResult | None", "ScenarioResult | None"](
@@ -1031,6 +1035,13 @@ class ProbeResult(models.Model):
 
     class Meta:
         indexes = [
+            # The "includes generated demo history" banner on every page: the generated span's
+            # ends from an index that is empty on every real deployment.
+            models.Index(
+                fields=["started_at"],
+                name="result_generated_started",
+                condition=models.Q(generated=True),
+            ),
             # Time-range scans over the whole table (rollups, retention, probe log): BRIN is
             # tiny and fits an append-mostly table ordered by time.
             BrinIndex(fields=["started_at"], name="result_started_brin"),
@@ -1260,6 +1271,8 @@ class RaceRun(models.Model):
     loser_cost_usd = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"))
     # All lanes together, the winner's included (counts toward the task's monthly spend).
     cost_usd = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"))
+    # Demo history (monitor.demo_history), as ProbeResult.generated.
+    generated = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         constraints = [

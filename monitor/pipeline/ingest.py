@@ -43,6 +43,7 @@ from django.db import (
     models,
     transaction,
 )
+from django.db.models import F
 from django.utils import timezone
 
 from monitor.models import (
@@ -487,7 +488,21 @@ def ingest_signed(envelope: object) -> int:
         log.warning("refused a result message: %s", exc)
         count_rejected(1)
         return 0
+    # The region's worker is running: what it signed arrived (the setup checklist reads this).
+    seen_region(opened.region_id)
     return ingest(opened.body, from_region=opened.region_id, sealed_at=opened.sealed_at)
+
+
+def region_heartbeat(region_id: int) -> str:
+    """The Heartbeat row a region's worker keeps alive by delivering results."""
+    return f"region:{region_id}"
+
+
+def seen_region(region_id: int) -> None:
+    now = timezone.now()
+    name = region_heartbeat(region_id)
+    if not Heartbeat.objects.filter(name=name).update(last_seen=now, count=F("count") + 1):
+        Heartbeat.objects.get_or_create(name=name, defaults={"last_seen": now, "count": 1})
 
 
 def ingest(
@@ -516,6 +531,10 @@ def ingest(
     if from_region is not None:
         payloads, refused_here = admit(payloads, from_region, sealed_at or now)
         rejected += refused_here
+        for p in payloads:
+            # Demo history is made in this process only (monitor.demo_history): what a worker
+            # sends is a measurement, and cannot hide itself behind the pages' generated filter.
+            p["generated"] = False
     prices = {
         r.pk: r
         for r in Route.objects.filter(pk__in={p["route_id"] for p in payloads}).select_related(

@@ -183,6 +183,8 @@ class ResultPayload(_ResultKeys, total=False):
     ratelimit_remaining_tokens: int | None
     retry_after_s: float | None
     text: str
+    # Demo history (monitor.demo_history); ingest clears it on results from region workers.
+    generated: bool
 
 
 class LaneResult(TypedDict):

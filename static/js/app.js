@@ -107,10 +107,15 @@
           animation: false,
           maintainAspectRatio: false,
           interaction: { mode: "index", intersect: false },
-          scales: { y: { beginAtZero: true, ticks: { callback: function (v) { return unit(v); } } } },
+          scales: {
+            // Labels are UTC (see unfold above): the axis says so.
+            x: { title: { display: true, text: packed.step === "day" ? "day (UTC)" : "hour (UTC)" } },
+            y: { beginAtZero: true, ticks: { callback: function (v) { return unit(v); } } },
+          },
           plugins: {
             tooltip: {
               callbacks: {
+                title: function (items) { return items.length ? items[0].label + " UTC" : ""; },
                 label: function (ctx) {
                   return ctx.dataset.label + ": " + (ctx.parsed.y === null ? "too few samples" : unit(ctx.parsed.y));
                 },
@@ -265,6 +270,9 @@
   function drawCharts(root) {
     if (!window.Chart) return;
     var c = palette();
+    // Text and grid lines from the page's colours (light or dark, prefers-color-scheme).
+    Chart.defaults.color = cssVar("--muted", "#4b5563");
+    Chart.defaults.borderColor = cssVar("--line", "#e5e7eb");
     var canvases = (root || document).querySelectorAll("canvas[data-chart]");
     canvases.forEach(function (canvas) {
       var build = builders[canvas.dataset.chart];

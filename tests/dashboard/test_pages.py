@@ -146,7 +146,10 @@ def test_the_route_page_compares_the_probe_options_the_task_probes_both_ways(
     assert 'data-dimension="prompt prefix"' not in body
     # Every new connection paid for its setup, so it has a setup time.
     new = _row(body[body.index('data-dimension="connection"') :], ">new connection</th>")
-    assert re.findall(r'<td class="num">([^<]*)</td>', new)[4].endswith("ms")
+    cells = re.findall(r'<td class="num">(.*?)</td>', new)
+    assert cells[-2].endswith("ms")  # setup p50, before the request bytes
+    # Percentiles carry their 95% intervals.
+    assert re.search(r'class="ci">\(\d+ ms', new)
 
 
 def test_the_route_page_counts_errors_by_kind_and_shows_rate_limit_headroom(

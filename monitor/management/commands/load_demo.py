@@ -1,14 +1,15 @@
 from __future__ import annotations
 
 import json
+import time
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from monitor import presets, scenario_presets
+from monitor import demo_history, presets, scenario_presets
 from monitor.models import (
     BODY_JSON,
     BODY_MSGPACK_GZIP,
@@ -32,8 +33,8 @@ from monitor.models import (
     Task,
 )
 from simulator import tasks as sim_tasks
+from simulator.config import Config, load
 from simulator.config import Provider as SimProvider
-from simulator.config import load
 
 # The api-version the simulated Azure deployments accept (a GA version of the real service).
 AZURE_API_VERSION = "2024-10-21"
@@ -69,11 +70,47 @@ class Command(BaseCommand):
             "--simulator", default="http://127.0.0.1:8100", help="simulator base URL"
         )
         parser.add_argument("--config", default=str(DEMO_CONFIG))
+        parser.add_argument(
+            "--history",
+            action="store_true",
+            help="on a database without measured results, add a week of generated demo "
+            "history (monitor.demo_history), marked as such",
+        )
+        parser.add_argument(
+            "--region-rtt",
+            action="append",
+            default=[],
+            metavar="SLUG=MS",
+            help="a demo region's round trip to the simulator, for the history (repeatable)",
+        )
 
-    @transaction.atomic
     def handle(self, *args: Any, **options: Any) -> None:
         config = load(options["config"])
-        base = options["simulator"].rstrip("/")
+        self._configure(config, options["simulator"].rstrip("/"))
+        if options["history"]:
+            rtt = {}
+            for item in options["region_rtt"]:
+                slug, _, ms = item.partition("=")
+                try:
+                    rtt[slug] = float(ms)
+                except ValueError:
+                    raise CommandError(f"--region-rtt: expected SLUG=MS, got {item!r}") from None
+            started = time.monotonic()
+            written = demo_history.generate(config, rtt_ms=rtt)
+            if written:
+                self.stdout.write(
+                    f"Demo history: {written} generated results over the last "
+                    f"{demo_history.DAYS} days, marked as generated "
+                    f"({time.monotonic() - started:.1f} s)."
+                )
+            else:
+                self.stdout.write(
+                    "Demo history not added: the database already holds results "
+                    "(measured ones, or the history itself)."
+                )
+
+    @transaction.atomic
+    def _configure(self, config: Config, base: str) -> None:
         regions = [
             Region.objects.update_or_create(slug=slug, defaults={"name": name})[0]
             for name, slug in REGIONS
