@@ -1,11 +1,14 @@
 FROM python:3.11-slim
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /app
+# The exact versions and hashes of the lock (`make lock`), then our package without resolving.
+COPY requirements-runtime.lock ./
+RUN pip install --require-hashes -r requirements-runtime.lock
 COPY pyproject.toml README.md ./
 COPY monitor monitor
 COPY probes probes
 COPY simulator simulator
-RUN pip install .
+RUN pip install --no-deps . && pip check
 COPY . .
 RUN SECRET_KEY=$(python -c "import secrets; print(secrets.token_urlsafe(50))") FIELD_ENCRYPTION_KEYS=$(python -c "from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())") \
     DATABASE_URL=postgresql://build@localhost/build REDIS_URL=redis://localhost:6379/0 \

@@ -2,20 +2,36 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+# Installs are reproducible: exact versions with hashes from requirements.lock (`make lock`
+# regenerates it, and requirements-runtime.lock for the Docker image, from pyproject.toml).
+LOCK := requirements.lock
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(LOCK) | cksum | cut -d' ' -f1)
+UV := $(VENV)/bin/uv
+LOCK_ARGS := --python-version 3.11 --python-platform linux --generate-hashes --custom-compile-command "make lock"
 # mypy's Django plugin imports the settings; it needs values, not servers.
 TYPECHECK_ENV := SECRET_KEY=typecheck-typecheck-typecheck-typecheck-typecheck-typecheck FIELD_ENCRYPTION_KEYS=YWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWE= \
 	DATABASE_URL=postgresql://typecheck@localhost/typecheck REDIS_URL=redis://localhost:6379/0
 
-.PHONY: run test lint typecheck pytest bench bench-simulator bench-probes bench-scale bench-pages bench-partitions bench-load vendor clean
+.PHONY: install lock run test lint typecheck pytest bench bench-simulator bench-probes bench-scenarios bench-scale bench-pages bench-partitions bench-load vendor clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[embedded,dev]'
+	$(PY) -m pip install --quiet --require-hashes -r $(LOCK)
+	$(PY) -m pip install --quiet --no-deps -e .
+	@# A lock older than pyproject.toml's dependencies shows here: run `make lock`.
+	$(PY) -m pip check
 	@rm -f $(VENV)/.installed-* && touch $(STAMP)
 
 install: $(STAMP)
+
+# Resolve pyproject.toml again for Python 3.11 on Linux, keeping the pins it still allows
+# (`make lock UPGRADE=1`: the newest versions its ranges allow).
+lock:
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@test -x $(UV) || $(PY) -m pip install --quiet 'uv>=0.13,<0.14'
+	$(UV) pip compile pyproject.toml --extra embedded --extra dev $(LOCK_ARGS) $(if $(UPGRADE),--upgrade) -o $(LOCK)
+	$(UV) pip compile pyproject.toml -c $(LOCK) $(LOCK_ARGS) -o requirements-runtime.lock
 
 run: $(STAMP)
 	$(PY) -m devstack run
@@ -43,6 +59,10 @@ bench-simulator: $(STAMP)
 
 bench-probes: $(STAMP)
 	$(PY) bench/bench_probes.py
+
+# The engine's overhead per call of a sequential scenario, against a same-run raw-socket client.
+bench-scenarios: $(STAMP)
+	$(PY) bench/bench_scenarios.py $(ARGS)
 
 bench-scale: $(STAMP)
 	$(PY) -m devstack exec -- $(PY) bench/bench_scale.py $(ARGS)

@@ -272,7 +272,12 @@ def run(port: int) -> int:
     _manage(env, "migrate", "--noinput", quiet=True)
     _manage(env, "collectstatic", "--noinput", quiet=True)
     _manage(env, "ensure_admin")
-    _manage(env, "load_demo", "--simulator", f"http://127.0.0.1:{SIMULATOR_PORT}")
+    # On a fresh database, a week of generated (and so labelled) history: every page has
+    # something to show at once, while live probing adds measurements on top.
+    rtts = [f"--region-rtt={slug}={rtt_ms}" for slug, rtt_ms in DEMO_REGIONS]
+    _manage(
+        env, "load_demo", "--simulator", f"http://127.0.0.1:{SIMULATOR_PORT}", "--history", *rtts
+    )
 
     children = stack_processes(env, port)
     stopping = threading.Event()

@@ -17,7 +17,8 @@ from django.utils import timezone
 from django.utils.decorators import method_decorator
 from django.views.decorators.debug import sensitive_post_parameters
 
-from monitor import presets
+from monitor import presets, scenario_presets
+from monitor.api import tokens
 from monitor.imports import evals, prices, quality
 from monitor.imports.base import MAX_IMPORT_BYTES, ImportFileError, Report
 from monitor.imports.fetch import fetch
@@ -28,6 +29,7 @@ from monitor.models import (
     GRADERS,
     HTTP_VERSIONS,
     PREFIX_MODES,
+    ApiToken,
     EvalCase,
     Heartbeat,
     ProbeResult,
@@ -36,6 +38,7 @@ from monitor.models import (
     Region,
     RegionKey,
     Route,
+    ScenarioStep,
     Subscription,
     Task,
 )
@@ -470,6 +473,37 @@ class EvalCaseInline(admin.TabularInline[EvalCase, Task]):
     fields = ["name", "input", "grader", "expected", "tolerance", "json_schema", "is_active"]
 
 
+class ScenarioStepInline(admin.TabularInline[ScenarioStep, Task]):
+    """A task with steps is a scenario: each slot runs them all on the route, in order, then
+    validates the final answer with the eval case (the presets are actions on the task list)."""
+
+    model = ScenarioStep
+    extra = 0
+    verbose_name = "scenario step"
+    fields = [
+        "order",
+        "kind",
+        "fan_out",
+        "prompt_template",
+        "input_tokens",
+        "max_tokens",
+        "carry_context",
+        "timeout_s",
+    ]
+
+
+def _preset_action(key: str, label: str) -> Any:
+    def action(modeladmin: TaskAdmin, request: HttpRequest, queryset: QuerySet[Task]) -> None:
+        for task in queryset:
+            scenario_presets.apply(task, key)
+        modeladmin.message_user(
+            request, f"{queryset.count()} task(s) are now scenarios: {label}.", messages.SUCCESS
+        )
+
+    action.__name__ = f"scenario_{key.replace('-', '_')}"
+    return admin.action(description=f"Make a scenario: {label}")(action)
+
+
 def _multi(choices: list[tuple[str, str]], label: str) -> forms.TypedMultipleChoiceField:
     return forms.TypedMultipleChoiceField(
         choices=choices, widget=forms.CheckboxSelectMultiple, label=label
@@ -490,7 +524,8 @@ class TaskForm(forms.ModelForm[Task]):
 @admin.register(Task)
 class TaskAdmin(admin.ModelAdmin[Task]):
     form = TaskForm
-    inlines = [EvalCaseInline]
+    inlines = [EvalCaseInline, ScenarioStepInline]
+    actions = [_preset_action(k, label) for k, (label, _) in scenario_presets.PRESETS.items()]
     list_display = [
         "name",
         "latency_class",
@@ -702,3 +737,28 @@ class SubscriptionAdmin(admin.ModelAdmin[Subscription]):
     def save_model(self, request: HttpRequest, obj: Subscription, form: Any, change: bool) -> None:
         obj.reschedule_if_changed(form.changed_data, timezone.now())
         super().save_model(request, obj, form, change)
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin[ApiToken]):
+    """Tokens for the read API (/api/v1/). Adding one generates it; only its prefix and
+    SHA-256 are kept, so the token is shown once, in the message after the save."""
+
+    list_display = ["name", "prefix", "created_at", "last_used_at", "is_active"]
+    list_filter = ["is_active"]
+    search_fields = ["name", "prefix"]
+    fields = ["name", "is_active", "prefix", "created_at", "last_used_at"]
+    readonly_fields = ["prefix", "created_at", "last_used_at"]
+
+    def save_model(self, request: HttpRequest, obj: ApiToken, form: Any, change: bool) -> None:
+        issued = None
+        if not change:
+            issued = tokens.issue()
+            obj.prefix, obj.digest = issued.prefix, issued.digest
+        super().save_model(request, obj, form, change)
+        if issued is not None:
+            messages.warning(
+                request,
+                f"The API token for {obj.name!r} is {issued.token} — copy it now: it is shown "
+                "only this once and cannot be recovered (a lost token is replaced by a new one).",
+            )

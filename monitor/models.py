@@ -117,6 +117,11 @@ METRIC_TTFT_P95 = "ttft_p95"
 # of a reasoning route is its first thinking token).
 METRIC_TTFAT_P50 = "ttfat_p50"
 METRIC_TTFAT_P95 = "ttfat_p95"
+# Application end-to-end (scenario tasks): user action to validated result, every call of
+# the scenario and the work between them included.
+METRIC_APP_E2E_P50 = "app_e2e_p50"
+METRIC_APP_E2E_P95 = "app_e2e_p95"
+APP_E2E_METRICS = (METRIC_APP_E2E_P50, METRIC_APP_E2E_P95)
 METRIC_AUTO = ""  # the latency class's default (CLASS_DEFAULTS)
 LATENCY_METRICS = [
     (METRIC_AUTO, "the latency class's default"),
@@ -126,6 +131,8 @@ LATENCY_METRICS = [
     (METRIC_TTFT_P95, "TTFT p95"),
     (METRIC_TTFAT_P50, "time to first answer token p50"),
     (METRIC_TTFAT_P95, "time to first answer token p95"),
+    (METRIC_APP_E2E_P50, "app e2e p50 (scenario tasks)"),
+    (METRIC_APP_E2E_P95, "app e2e p95 (scenario tasks)"),
 ]
 
 # The reference option set: the probes that rank routes. Other option probes feed the route
@@ -738,10 +745,28 @@ class Task(models.Model):
     def ranking_metric(self, routes: Iterable[Route] | None = None) -> str:
         """The metric that ranks routes: the task's own, or its class's default (time to first
         answer token for an interactive task whose routes reason)."""
+        if self.is_scenario:
+            # A scenario's user waits for the whole sequence: it ranks on app e2e (its tail
+            # for interactive tasks), whatever single-call metric is set.
+            if self.latency_metric in APP_E2E_METRICS:
+                return self.latency_metric
+            return (
+                METRIC_APP_E2E_P95
+                if self.latency_class == CLASS_INTERACTIVE
+                else METRIC_APP_E2E_P50
+            )
         if self.latency_metric:
             return self.latency_metric
         reasoning = any(r.reasons for r in (self.routes.all() if routes is None else routes))
         return self.defaults.reasoning_metric if reasoning else self.defaults.metric
+
+    @property
+    def is_scenario(self) -> bool:
+        """A task with steps is a scenario: each slot runs them all (probes.scenario)."""
+        prefetched = getattr(self, "_prefetched_objects_cache", {})
+        if "steps" in prefetched:
+            return bool(prefetched["steps"])
+        return self.pk is not None and self.steps.exists()
 
     def ttft_budget_metric(self, routes: Iterable[Route] | None = None) -> str:
         """What the TTFT p95 budget is held against: TTFT, or time to first answer token."""
@@ -990,9 +1015,33 @@ class ProbeResult(models.Model):
     text = models.TextField(blank=True)
     quality_pass = models.BooleanField(null=True, blank=True)
     cost_usd = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
+    # Demo history made up from the simulator's profiles on a fresh demo (monitor.demo_history),
+    # never measured: pages say so and can leave it out. Set only in this process, never taken
+    # from a region worker's message (monitor.pipeline.ingest).
+    generated = models.BooleanField(default=False, db_default=False)
+    # One call of a scenario (its slot is the scenario's: slot_at stays null here), and the
+    # index of its step (0-based).
+    scenario = models.ForeignKey["ScenarioResult | None", "ScenarioResult | None"](
+        "ScenarioResult",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        default=None,
+        db_default=None,
+        related_name="calls",
+        db_index=False,  # result_scenario_calls: scenario calls only, not every probe
+    )
+    step = models.PositiveSmallIntegerField(null=True, blank=True, default=None, db_default=None)
 
     class Meta:
         indexes = [
+            # The "includes generated demo history" banner on every page: the generated span's
+            # ends from an index that is empty on every real deployment.
+            models.Index(
+                fields=["started_at"],
+                name="result_generated_started",
+                condition=models.Q(generated=True),
+            ),
             # Time-range scans over the whole table (rollups, retention, probe log): BRIN is
             # tiny and fits an append-mostly table ordered by time.
             BrinIndex(fields=["started_at"], name="result_started_brin"),
@@ -1000,6 +1049,13 @@ class ProbeResult(models.Model):
             # last 24 h. No percentile is computed from raw rows (rollups hold them), so the
             # index carries no measurement columns: a third of the size it was, cheaper ingest.
             models.Index(fields=["route", "started_at"], name="result_route_started"),
+            # A scenario's calls (its waterfall, deleting it): partial, so single probes (the
+            # bulk of the table) write nothing to it.
+            models.Index(
+                fields=["scenario"],
+                name="result_scenario_calls",
+                condition=models.Q(scenario__isnull=False),
+            ),
         ]
         constraints = [
             # The table is partitioned by day on started_at (migration 0017, monitor.partitions),
@@ -1132,6 +1188,8 @@ class Rollup(models.Model):
     ref_ttft_hist = ArrayField(models.IntegerField(), default=list, db_default=[])
     ref_ttfat_hist = ArrayField(models.IntegerField(), default=list, db_default=[])
     ref_e2e_hist = ArrayField(models.IntegerField(), default=list, db_default=[])
+    # Scenario tasks: app e2e of each successful scenario (always the reference options).
+    app_e2e_hist = ArrayField(models.IntegerField(), default=list, db_default=[])
     last_probe_at = models.DateTimeField(null=True)
     # The last successful probe: a route whose probes all fail is failing, not fresh.
     last_ok_at = models.DateTimeField(null=True)
@@ -1216,6 +1274,8 @@ class RaceRun(models.Model):
     loser_cost_usd = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"))
     # All lanes together, the winner's included (counts toward the task's monthly spend).
     cost_usd = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"))
+    # Demo history (monitor.demo_history), as ProbeResult.generated.
+    generated = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         constraints = [
@@ -1234,6 +1294,108 @@ class RaceRun(models.Model):
 
     def __str__(self) -> str:
         return f"race {self.task_id}@{self.region_id} {self.started_at:%Y-%m-%d %H:%M:%S}"
+
+
+STEP_SEQUENTIAL = "sequential"
+STEP_FAN_OUT = "fan-out"
+STEP_KINDS = [(STEP_SEQUENTIAL, "one call"), (STEP_FAN_OUT, "fan-out (calls in parallel)")]
+
+
+class ScenarioStep(models.Model):
+    """One step of a scenario task: a call (or a fan-out of parallel calls) on the route being
+    probed. A task with steps is a scenario; its slots run every step (probes.scenario), then
+    validate the final answer with the task's eval case."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="steps")
+    order = models.PositiveIntegerField(default=0)
+    kind = models.CharField(max_length=10, choices=STEP_KINDS, default=STEP_SEQUENTIAL)
+    fan_out = models.PositiveIntegerField(
+        default=1,
+        validators=[MinValueValidator(1), MaxValueValidator(32)],
+        help_text="Calls in parallel (fan-out steps); the step waits for the slowest.",
+    )
+    prompt_template = models.TextField(
+        help_text="{previous}: the previous step's answer; {input}: the eval case's input; "
+        "{step}, {branch}: the step's and fan-out branch's numbers."
+    )
+    input_tokens = models.PositiveIntegerField(
+        default=0,
+        help_text="A stable document of this many tokens before the conversation (the same in "
+        "every step, so a prompt cache can serve it).",
+    )
+    max_tokens = models.PositiveIntegerField(default=256, validators=[MinValueValidator(1)])
+    carry_context = models.BooleanField(
+        default=True,
+        help_text="Send the conversation so far (earlier steps' prompts and answers) first.",
+    )
+    timeout_s = models.PositiveIntegerField(
+        "call deadline (s)",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Each call's deadline; empty: what is left of the scenario's (the task's "
+        "probe deadline).",
+    )
+
+    class Meta:
+        ordering = ["task", "order", "pk"]
+
+    def __str__(self) -> str:
+        return f"{self.task.name}: step {self.order}"
+
+    def clean(self) -> None:
+        try:
+            self.prompt_template.replace("{input}", "").format(previous="", step=1, branch=1)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValidationError(
+                {
+                    "prompt_template": f"Only {{previous}}, {{input}}, {{step}} and {{branch}} "
+                    f"may be used ({exc.__class__.__name__}: {exc})."
+                }
+            ) from None
+        if self.kind == STEP_SEQUENTIAL and self.fan_out != 1:
+            raise ValidationError({"fan_out": "A one-call step has a fan-out of 1."})
+
+
+class ScenarioResult(models.Model):
+    """One scenario slot's result: the application's end-to-end time and its calls (the
+    ProbeResult rows whose `scenario` is this one)."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="scenario_results")
+    route = models.ForeignKey(Route, on_delete=models.CASCADE, related_name="scenario_results")
+    region = models.ForeignKey(Region, on_delete=models.CASCADE, related_name="scenario_results")
+    slot_at = models.DateTimeField()
+    started_at = models.DateTimeField(default=timezone.now)
+    # User action to validated result (to the failure, for a failed scenario).
+    app_e2e_ms = models.FloatField(null=True, blank=True)
+    calls_e2e_ms = models.FloatField(null=True, blank=True)
+    gaps_ms = ArrayField(models.FloatField(), default=list, blank=True)
+    outcome = models.CharField(max_length=10, choices=OUTCOMES, default=OUTCOME_OK)
+    failed_step = models.PositiveSmallIntegerField(null=True, blank=True)  # 0-based
+    error_kind = models.CharField(max_length=30, choices=ERROR_KINDS, blank=True)
+    error_detail = models.CharField(max_length=500, blank=True)
+    validation_ms = models.FloatField(null=True, blank=True)
+    validation_pass = models.BooleanField(null=True, blank=True)
+    eval_case = models.ForeignKey(EvalCase, on_delete=models.SET_NULL, null=True, blank=True)
+    call_count = models.PositiveIntegerField(default=0)
+    input_tokens = models.PositiveIntegerField(default=0)
+    output_tokens = models.PositiveIntegerField(default=0)
+    cached_tokens = models.PositiveIntegerField(null=True, blank=True)
+    cost_usd = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["task", "route", "region", "slot_at"], name="scenario_one_per_slot"
+            )
+        ]
+        indexes = [
+            # Route page: the median scenario of one route over the last day.
+            models.Index(fields=["route", "started_at"], name="scenario_route_started"),
+        ]
+
+    def __str__(self) -> str:
+        return f"scenario {self.task_id}/{self.route_id}/{self.region_id} {self.outcome}"
 
 
 MONDAY, TUESDAY, WEDNESDAY, THURSDAY, FRIDAY, SATURDAY, SUNDAY = range(7)

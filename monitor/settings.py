@@ -71,6 +71,11 @@ try:
     # Prometheus scrapers (empty: /metrics follows the same login rule as the pages).
     DASHBOARD_REFRESH_SECONDS = envint("DASHBOARD_REFRESH_SECONDS", 15, minimum=1, maximum=3600)
     METRICS_BEARER_TOKEN = envsecret("METRICS_BEARER_TOKEN")
+    # OTLP/HTTP export of each stored probe as OpenTelemetry GenAI metrics, from ingest
+    # (monitor.pipeline.genai_otlp); off unless one of these is set. The SDK reads the rest
+    # (OTEL_EXPORTER_OTLP_HEADERS, OTEL_METRIC_EXPORT_INTERVAL, OTEL_SERVICE_NAME, ...).
+    OTEL_EXPORTER_OTLP_ENDPOINT = envstr("OTEL_EXPORTER_OTLP_ENDPOINT")
+    OTEL_EXPORTER_OTLP_METRICS_ENDPOINT = envstr("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
     # Exports stream at most this many rows (a bound on one request's work).
     EXPORT_MAX_ROWS = envint("EXPORT_MAX_ROWS", 100_000, minimum=1)
     PROVIDER_ALLOW_PRIVATE_NETWORKS = envbool("PROVIDER_ALLOW_PRIVATE_NETWORKS", False)
@@ -316,6 +321,7 @@ CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_TASK_ROUTES = {
     "monitor.tasks.ingest_results": {"queue": "ingest"},
     "monitor.tasks.ingest_race": {"queue": "ingest"},
+    "monitor.tasks.ingest_scenario": {"queue": "ingest"},
 }
 # Every periodic task expires by its next run: during an outage of its worker, ticks do not
 # pile up in the queue to run all at once when it returns (the next one does the work).

@@ -25,15 +25,17 @@ from monitor import limits, partitions
 from monitor.digest import sending
 from monitor.models import Heartbeat
 from monitor.pages import overview
-from monitor.pipeline import ingest, queues, races, scheduling, signing, spool, worker
+from monitor.pipeline import ingest, queues, races, scenarios, scheduling, signing, spool, worker
 from monitor.pipeline.messages import (
     INGEST_QUEUE,
     RUN_PROBE_BATCH,
     RUN_RACE,
+    RUN_SCENARIO,
     Dispatch,
     ResultPayload,
     race_result_to_json,
     results_to_json,
+    scenario_payload_to_json,
 )
 
 log = logging.getLogger(__name__)
@@ -78,7 +80,7 @@ _PUBLISH_RETRY = {"max_retries": 4, "interval_start": 0.5, "interval_step": 1, "
 
 
 def _publish(entry: spool.SpoolEntry) -> None:
-    task = ingest_race if entry["kind"] == "race" else ingest_results
+    task = {"race": ingest_race, "scenario": ingest_scenario}.get(entry["kind"], ingest_results)
     task.apply_async(
         args=(entry["body"],), queue=INGEST_QUEUE, retry=True, retry_policy=_PUBLISH_RETRY
     )
@@ -223,6 +225,38 @@ def ingest_race(self: Task[Any, Any], result: dict[str, Any]) -> bool:
         return False
 
 
+@shared_task(name=RUN_SCENARIO, **REGION_TASK_OPTIONS)  # "monitor.tasks.run_scenario"
+def run_scenario(message: dict[str, Any]) -> str | None:
+    """On a region worker: run one scenario, send its result to ingest over the broker (or to
+    the local spool while the broker cannot take it)."""
+    try:
+        key_id, body = signing.open_dispatch(message, signing.KIND_SCENARIO)
+    except signing.Refused as exc:
+        log.error("refused a scenario message: %s", exc)
+        return None
+    flush_spool()
+    result = scenarios.run(body)
+    if result is None:
+        return None
+    sealed = signing.seal_results(
+        key_id, signing.KIND_SCENARIO_RESULT, scenario_payload_to_json(result)
+    )
+    publish_or_spool("scenario", sealed, 1)
+    return result["outcome"]
+
+
+@shared_task(
+    name="monitor.tasks.ingest_scenario", bind=True, acks_late=True, reject_on_worker_lost=True
+)
+def ingest_scenario(self: Task[Any, Any], result: dict[str, Any]) -> bool:
+    """A scenario result signed by a region worker: stored only for that region's open slot."""
+    try:
+        return scenarios.ingest_signed(result)
+    except _DATABASE_ERRORS as exc:
+        _retry_or_park(self, "scenario", result, exc)
+        return False
+
+
 @shared_task(
     name="monitor.tasks.send_digests",
     # One run sends every due digest; each is claimed under a lease (monitor.digest.sending), so
@@ -239,6 +273,7 @@ def send_digests() -> dict[str, int]:
 _DISPATCHABLE: dict[str, tuple[Task[Any, Any], str]] = {
     RUN_PROBE_BATCH: (run_probe_batch, signing.KIND_BATCH),
     RUN_RACE: (run_race, signing.KIND_RACE),
+    RUN_SCENARIO: (run_scenario, signing.KIND_SCENARIO),
 }
 
 

@@ -17,6 +17,7 @@ urlpatterns = [
     path("regions/", views.regions, name="rw-regions"),
     path("log/", views.probe_log, name="rw-log"),
     path("races/", views.races, name="rw-races"),
+    path("demo-history/", views.demo_history, name="rw-demo-history"),
     path("export/results.<str:fmt>", views.export, name="rw-export"),
     path("metrics", views.metrics, name="rw-metrics"),
     path("status/", views.status, name="rw-status"),
@@ -24,5 +25,6 @@ urlpatterns = [
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
+    path("api/v1/", include("monitor.api.urls")),
     path("", include("monitor.digest.urls")),
 ]

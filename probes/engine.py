@@ -29,7 +29,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
-import httpx
+import httpx2
 import msgpack
 
 from probes import figures, prompts
@@ -185,7 +185,7 @@ _backend_loaded = False
 async def _load_async_backend() -> None:
     """Load anyio's asyncio backend once per process, before any t0.
 
-    httpcore's connection-pool locks are anyio locks, and anyio imports its backend (and
+    httpcore2's connection-pool locks are anyio locks, and anyio imports its backend (and
     sniffio) on first use: 30-150 ms inside the first probe's timed path, in no phase
     (seen against independent servers: tests/interop/test_cli.py). anyio.sleep(0) is the
     public call that makes it load."""
@@ -237,7 +237,7 @@ async def _attempt(
         plain_http=origin.startswith("http://"),
     )
     token = current.set(phases)
-    response: httpx.Response | None = None
+    response: httpx2.Response | None = None
     state = _StreamState(t0=0.0)
     try:
         request = client.build_request(
@@ -307,7 +307,7 @@ async def _attempt(
         _fail(result, _timeout(spec, state), spec)
     except ProbeError as failure:
         _fail(result, failure, spec)
-    except (httpx.HTTPError, httpx.InvalidURL, *HTTPCORE_ERRORS, OSError) as exc:
+    except (httpx2.HTTPError, httpx2.InvalidURL, *HTTPCORE_ERRORS, OSError) as exc:
         seen = from_transport(exc, state.headers_at is not None)
         if _h2c_refused(spec, origin, phases, state, seen):
             seen = InvalidSpec(
@@ -374,8 +374,8 @@ def _loop_time(perf_deadline: float) -> float:
     return asyncio.get_running_loop().time() + (perf_deadline - time.perf_counter())
 
 
-async def _close_quietly(response: httpx.Response) -> None:
-    with contextlib.suppress(httpx.HTTPError, *HTTPCORE_ERRORS, OSError, TimeoutError):
+async def _close_quietly(response: httpx2.Response) -> None:
+    with contextlib.suppress(httpx2.HTTPError, *HTTPCORE_ERRORS, OSError, TimeoutError):
         await asyncio.wait_for(response.aclose(), 2.0)
 
 
@@ -386,7 +386,7 @@ def _fail(result: ProbeResult, failure: ProbeError, spec: ProbeSpec) -> None:
     result.error_detail = redact(failure.detail, spec.secrets())[:DETAIL_LIMIT]
 
 
-def _read_headers(result: ProbeResult, response: httpx.Response) -> None:
+def _read_headers(result: ProbeResult, response: httpx2.Response) -> None:
     headers = response.headers
     result.http_version = response.http_version
     result.ratelimit_remaining_requests = figures.header_count(
@@ -406,7 +406,7 @@ def _read_headers(result: ProbeResult, response: httpx.Response) -> None:
 
 
 async def _error_response(
-    response: httpx.Response, fmt: WireFormat, prepared: _Prepared
+    response: httpx2.Response, fmt: WireFormat, prepared: _Prepared
 ) -> ProbeError:
     body = bytearray()
     try:
@@ -414,7 +414,7 @@ async def _error_response(
             body += chunk
             if len(body) >= ERROR_BODY_LIMIT:
                 break
-    except (httpx.HTTPError, *HTTPCORE_ERRORS, OSError):
+    except (httpx2.HTTPError, *HTTPCORE_ERRORS, OSError):
         pass
     status = response.status_code
     text = body.decode("utf-8", errors="replace")

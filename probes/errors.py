@@ -51,8 +51,8 @@ import ssl
 from collections.abc import Iterator
 from enum import StrEnum
 
-import httpcore
-import httpx
+import httpcore2
+import httpx2
 
 
 class Blame(StrEnum):
@@ -267,31 +267,31 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         node = node.__cause__ or node.__context__
 
 
-# What h11 and h2 say (through httpcore) when the server closed or reset the stream, as opposed
+# What h11 and h2 say (through httpcore2) when the server closed or reset the stream, as opposed
 # to sending something that is not HTTP.
 _CLOSED_WORDS = ("disconnect", "closed", "StreamReset", "ConnectionTerminated", "incomplete")
 _CONNECT = (
-    httpx.ConnectError,
-    httpx.ConnectTimeout,
-    httpcore.ConnectError,
-    httpcore.ConnectTimeout,
+    httpx2.ConnectError,
+    httpx2.ConnectTimeout,
+    httpcore2.ConnectError,
+    httpcore2.ConnectTimeout,
 )
 _OURS = (
-    httpx.UnsupportedProtocol,
-    httpcore.UnsupportedProtocol,
-    httpx.InvalidURL,
-    httpx.LocalProtocolError,
-    httpcore.LocalProtocolError,
+    httpx2.UnsupportedProtocol,
+    httpcore2.UnsupportedProtocol,
+    httpx2.InvalidURL,
+    httpx2.LocalProtocolError,
+    httpcore2.LocalProtocolError,
 )
-_TIMEOUTS = (httpx.TimeoutException, httpcore.TimeoutException)
-_REMOTE_PROTOCOL = (httpx.RemoteProtocolError, httpcore.RemoteProtocolError)
-_BROKEN = (httpx.TransportError, httpcore.NetworkError, OSError)
+_TIMEOUTS = (httpx2.TimeoutException, httpcore2.TimeoutException)
+_REMOTE_PROTOCOL = (httpx2.RemoteProtocolError, httpcore2.RemoteProtocolError)
+_BROKEN = (httpx2.TransportError, httpcore2.NetworkError, OSError)
 
 
 def from_transport(exc: BaseException, headers_seen: bool) -> ProbeError:
     """The failure an exception from the HTTP client stands for. Only a failure to connect is
     `connect`; a connection that broke after it was made is `truncated`, whether or not the
-    headers had come; what was sent but is not HTTP is `malformed_stream`; a request httpx
+    headers had come; what was sent but is not HTTP is `malformed_stream`; a request httpx2
     could not even build from our settings is `config`; anything else is ours (`engine`)."""
     for item in _chain(exc):
         if isinstance(item, ProbeError):

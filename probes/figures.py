@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import httpx
+import httpx2
 
 from probes.formats import MAX_COUNT, Usage
 from probes.model import SOURCE_TOKENIZER, SOURCE_USAGE, SOURCE_USAGE_MINUS_HIDDEN
@@ -95,7 +95,7 @@ def speed_tokens(
     return Speed(usage_output, SOURCE_USAGE, reported, 0 if reported == 0 else None)
 
 
-def header_count(headers: httpx.Headers, *names: str) -> int | None:
+def header_count(headers: httpx2.Headers, *names: str) -> int | None:
     """A count from the first of these headers present (rate-limit headroom). Clamped, not
     nulled, when above 2**31-1 or infinite: "inf" or a huge number means "more than we can
     store", which is true of 2**31-1 too. Null when it is not a number (NaN included) or
@@ -114,7 +114,7 @@ def header_count(headers: httpx.Headers, *names: str) -> int | None:
     return None
 
 
-def retry_after_s(headers: httpx.Headers) -> float | None:
+def retry_after_s(headers: httpx2.Headers) -> float | None:
     """retry-after as seconds: a number, or an HTTP date (RFC 9110) counted from now; OpenAI's
     and Azure's retry-after-ms when there is no retry-after. Clamped to a week when longer or
     infinite; a date in the past is 0; null when it is not a time (NaN, negative, garbage)."""

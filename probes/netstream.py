@@ -1,8 +1,9 @@
-"""httpcore network streams on non-blocking sockets read by the event loop directly.
+"""httpcore2 network streams on non-blocking sockets read by the event loop directly.
 
-Why not httpcore's anyio backend: at 200 concurrent streams it cost most of the engine's CPU per
-streamed chunk (bench/bench_probes.py, profiled with py-spy). Its socket stream resumes reading
-before every receive and pauses it after (two epoll_ctl system calls per chunk), and httpcore
+Why not httpcore2's anyio backend: at 200 concurrent streams it cost most of the engine's CPU per
+streamed chunk (bench/bench_probes.py, profiled with py-spy on httpcore 1.0, whose backend
+httpcore2 2.16 keeps line for line). Its socket stream resumes reading
+before every receive and pauses it after (two epoll_ctl system calls per chunk), and httpcore2
 wraps every read in anyio.fail_after (a cancel scope, even without a timeout). Here the loop
 calls us when the socket is readable (loop.add_reader, in asyncio's selector loops and uvloop
 alike); we read into a small queue, and a read takes from it or waits on one future.
@@ -14,11 +15,11 @@ loop was with other streams, a garbage collection or the parsers. Elsewhere (or 
 gives none) the arrival is the time of the read. The kernel stamps CLOCK_REALTIME; it becomes a
 perf_counter time through the wait measured on the realtime clock at the read, so a clock
 offset never enters, and a wait that is negative or implausibly long (the clock was stepped)
-falls back to the time of the read. `arrived_at()` gives the arrival of the chunk httpcore read
+falls back to the time of the read. `arrived_at()` gives the arrival of the chunk httpcore2 read
 last; the engine stamps streamed events with it, before any HTTP, SSE or JSON parsing. Leaving
 out the transport layer also cut the engine's CPU at 200 streams by a fifth.
 
-What httpcore relies on is kept: the same exceptions (ReadError, ConnectError, ...Timeout), b""
+What httpcore2 relies on is kept: the same exceptions (ReadError, ConnectError, ...Timeout), b""
 at the end of the stream, "is_readable" for spotting a dead pooled connection, and a write that
 returns only once the kernel has taken every byte, as with anyio; `write_done` tells when that
 was, for the body-sent time (upload_ms). TLS runs with ssl.MemoryBIO over the same socket, as
@@ -36,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import ipaddress
+import select
 import socket
 import ssl
 import struct
@@ -45,8 +47,7 @@ from collections.abc import Iterable
 from contextvars import ContextVar
 from typing import Any
 
-import httpcore
-from httpcore._utils import is_socket_readable
+import httpcore2
 
 READ_HIGH_WATER = 256 * 1024
 READ_SIZE = 64 * 1024
@@ -148,7 +149,7 @@ class _Connection:
             sent = 0
         except OSError as exc:
             self._fail(exc)
-            raise httpcore.WriteError(exc) from exc
+            raise httpcore2.WriteError(exc) from exc
         if sent == len(data):
             self.drained_at = time.perf_counter()
             return True
@@ -240,7 +241,7 @@ class _Connection:
                     break
                 self._queue(data, now)
             self.tls_flush()  # TLS 1.3 may answer post-handshake messages
-        except (ssl.SSLError, OSError, httpcore.WriteError) as exc:
+        except (ssl.SSLError, OSError, httpcore2.WriteError) as exc:
             self._fail(exc)
 
 
@@ -254,6 +255,20 @@ def _kernel_arrival(ancillary: list[tuple[int, int, bytes]], now: float) -> floa
     return now
 
 
+def _socket_readable(sock: socket.socket) -> bool:
+    """Whether a read would return at once (data, the end, or an error), without reading: how
+    httpcore2 spots a pooled connection the server has closed. A closed socket counts."""
+    fd = sock.fileno()
+    if fd < 0:
+        return True
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
+    readable, _, _ = select.select([fd], [], [], 0)  # Windows
+    return bool(readable)
+
+
 async def _readable(conn: _Connection) -> None:
     """Until data, the end, or a failure. TLS records that carry no data (a session ticket)
     wake the reader too: it waits again."""
@@ -265,7 +280,7 @@ async def _readable(conn: _Connection) -> None:
             conn.waiter = None
 
 
-class AsyncioStream(httpcore.AsyncNetworkStream):
+class AsyncioStream(httpcore2.AsyncNetworkStream):
     def __init__(self, conn: _Connection) -> None:
         self._conn = conn
 
@@ -274,7 +289,7 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
         chunks = conn.chunks
         if not chunks:
             if conn.closed:
-                raise httpcore.ReadError("the stream is closed")
+                raise httpcore2.ReadError("the stream is closed")
             if not (conn.eof or conn.lost):
                 if timeout is None:
                     await _readable(conn)
@@ -283,14 +298,14 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
                         async with asyncio.timeout(timeout):
                             await _readable(conn)
                     except TimeoutError as exc:
-                        raise httpcore.ReadTimeout(exc) from exc
+                        raise httpcore2.ReadTimeout(exc) from exc
             if not chunks:
                 failure = conn.exception
                 if failure is not None:
-                    raise httpcore.ReadError(failure) from failure
+                    raise httpcore2.ReadError(failure) from failure
                 if conn.eof:
                     return b""
-                raise httpcore.ReadError("the connection was closed")
+                raise httpcore2.ReadError("the connection was closed")
         chunk = chunks.popleft()
         conn.last_arrival = conn.arrivals.popleft()
         if len(chunk) > max_bytes:
@@ -312,12 +327,12 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
         conn = self._conn
         if conn.closed or conn.lost:
             failure = conn.exception
-            raise httpcore.WriteError(failure or "the connection is closed") from failure
+            raise httpcore2.WriteError(failure or "the connection is closed") from failure
         if conn.tls is not None:
             try:
                 conn.tls.write(buffer)
             except ssl.SSLError as exc:
-                raise httpcore.WriteError(exc) from exc
+                raise httpcore2.WriteError(exc) from exc
             buffer = conn.tls_out.read()
         if conn.send(buffer):
             write_done.set(conn.drained_at)
@@ -330,12 +345,12 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
                 async with asyncio.timeout(timeout):
                     await waiter
         except TimeoutError as exc:
-            raise httpcore.WriteTimeout(exc) from exc
+            raise httpcore2.WriteTimeout(exc) from exc
         finally:
             conn.write_waiter = None
         if conn.lost or conn.closed:
             failure = conn.exception
-            raise httpcore.WriteError(failure or "the connection was closed") from failure
+            raise httpcore2.WriteError(failure or "the connection was closed") from failure
         write_done.set(conn.drained_at)
 
     async def aclose(self) -> None:
@@ -346,10 +361,10 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
         ssl_context: ssl.SSLContext,
         server_hostname: str | None = None,
         timeout: float | None = None,
-    ) -> httpcore.AsyncNetworkStream:
+    ) -> httpcore2.AsyncNetworkStream:
         conn = self._conn
         if conn.tls is not None or conn.lost or conn.eof or conn.closed:
-            raise httpcore.ConnectError("TLS cannot start on this connection")
+            raise httpcore2.ConnectError("TLS cannot start on this connection")
         conn.tls = ssl_context.wrap_bio(
             conn.tls_in, conn.tls_out, server_side=False, server_hostname=server_hostname
         )
@@ -360,10 +375,10 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
                 await handshake
         except TimeoutError as exc:
             conn.close()
-            raise httpcore.ConnectTimeout(exc) from exc
+            raise httpcore2.ConnectTimeout(exc) from exc
         except (ssl.SSLError, OSError) as exc:
             conn.close()
-            raise httpcore.ConnectError(exc) from exc
+            raise httpcore2.ConnectError(exc) from exc
         except BaseException:
             conn.close()
             raise
@@ -386,7 +401,7 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
             # connection with either is not clean for a new request.
             if conn.chunks or conn.eof or conn.lost:
                 return True
-            return is_socket_readable(conn.sock)
+            return _socket_readable(conn.sock)
         return None
 
 
@@ -397,7 +412,7 @@ async def _connect(
     timeout: float | None,
     socket_options: Iterable[Any] | None,
 ) -> AsyncioStream:
-    """Connect a fresh socket, mapping failures to httpcore's exceptions; closed on failure."""
+    """Connect a fresh socket, mapping failures to httpcore2's exceptions; closed on failure."""
     try:
         sock.setblocking(False)
         async with asyncio.timeout(timeout):
@@ -406,17 +421,17 @@ async def _connect(
             sock.setsockopt(*option)
     except TimeoutError as exc:
         sock.close()
-        raise httpcore.ConnectTimeout(exc) from exc
+        raise httpcore2.ConnectTimeout(exc) from exc
     except OSError as exc:
         sock.close()
-        raise httpcore.ConnectError(exc) from exc
+        raise httpcore2.ConnectError(exc) from exc
     except BaseException:
         sock.close()
         raise
     return AsyncioStream(_Connection(loop, sock))
 
 
-class AsyncioBackend(httpcore.AsyncNetworkBackend):
+class AsyncioBackend(httpcore2.AsyncNetworkBackend):
     async def connect_tcp(
         self,
         host: str,
@@ -424,7 +439,7 @@ class AsyncioBackend(httpcore.AsyncNetworkBackend):
         timeout: float | None = None,
         local_address: str | None = None,
         socket_options: Iterable[Any] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
+    ) -> httpcore2.AsyncNetworkStream:
         loop = asyncio.get_running_loop()
         try:
             family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
@@ -444,7 +459,7 @@ class AsyncioBackend(httpcore.AsyncNetworkBackend):
 
     async def connect_unix_socket(
         self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
-    ) -> httpcore.AsyncNetworkStream:
+    ) -> httpcore2.AsyncNetworkStream:
         loop = asyncio.get_running_loop()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         return await _connect(loop, sock, path, timeout, socket_options)

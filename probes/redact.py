@@ -26,6 +26,8 @@ _PATTERNS = [
     ),
     re.compile(r"(?i)([?&](?:key|api[_-]?key|access_token|token|sig)=)[^&\s\"'#]{6,}"),
     re.compile(r"()\bsk-[A-Za-z0-9_-]{8,}"),
+    # Routewatch's own API tokens (monitor.api.tokens).
+    re.compile(r"()\brw_[A-Za-z0-9_-]{40,}"),
 ]
 
 

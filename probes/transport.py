@@ -1,12 +1,17 @@
 """HTTP clients for probes: warm pooled clients, cold one-shot clients, and per-phase timing.
 
-httpx's trace extension reports TCP connect, TLS and header/body events but has no DNS event,
-so clients use a network backend of ours: it resolves the name itself (timed), checks the
-address against the probe's policy (no private or loopback addresses unless allowed: the
-connect-time check of admin-configured URLs), and connects to that address over asyncio
-streams of ours (probes/netstream.py: far cheaper per chunk than httpcore's anyio backend). The
-timing of the probe in progress is found through a context variable, since httpcore opens
-connections in the task that sends the request.
+The HTTP stack is httpx2 over httpcore2 (the maintained continuation of httpx / httpcore, which
+the official SDKs use too). httpcore2's trace extension reports TCP connect, TLS and
+header/body events but has no DNS event, so clients use a network backend of ours: it resolves
+the name itself (timed), checks the address against the probe's policy (no private or loopback
+addresses unless allowed: the connect-time check of admin-configured URLs), and connects to
+that address over asyncio streams of ours (probes/netstream.py: far cheaper per chunk than
+httpcore2's anyio backend). The timing of the probe in progress is found through a context
+variable, since httpcore2 opens connections in the task that sends the request.
+
+The backend reaches httpcore2's connection pool through its public `network_backend=`
+argument; httpx2's own AsyncHTTPTransport takes no backend, so ProbeTransport is an httpx2
+transport (its public transport API) over that pool.
 """
 
 from __future__ import annotations
@@ -20,10 +25,10 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
-import httpcore
-import httpx
+import httpcore2
+import httpx2
 
 from probes.errors import BlockedAddress, ResolutionError
 from probes.netstream import AsyncioBackend, AsyncioStream, write_done
@@ -72,7 +77,7 @@ class Phases:
         elif name == "connection.start_tls.complete":
             self.tls_end = now
         elif name.endswith("send_request_body.complete"):
-            # When the kernel took the body's last byte, not when httpcore got round to saying so.
+            # When the kernel took the body's last byte, not when httpcore2 got round to saying so.
             done = write_done.get()
             self.body_sent = done if self.started <= done <= now else now
 
@@ -120,7 +125,7 @@ def _ip_literal(host: str) -> str | None:
         return None
 
 
-class TimedBackend(httpcore.AsyncNetworkBackend):
+class TimedBackend(httpcore2.AsyncNetworkBackend):
     """Resolves names itself (DNS timed apart from TCP) and enforces the address policy."""
 
     def __init__(self) -> None:
@@ -133,7 +138,7 @@ class TimedBackend(httpcore.AsyncNetworkBackend):
         timeout: float | None = None,
         local_address: str | None = None,
         socket_options: Iterable[Any] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
+    ) -> httpcore2.AsyncNetworkStream:
         phases = current.get()
         if phases is not None:
             phases.opened_connection = True
@@ -168,7 +173,7 @@ class TimedBackend(httpcore.AsyncNetworkBackend):
 
     async def connect_unix_socket(
         self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
-    ) -> httpcore.AsyncNetworkStream:
+    ) -> httpcore2.AsyncNetworkStream:
         return await self._inner.connect_unix_socket(
             path, timeout=timeout, socket_options=socket_options
         )
@@ -177,10 +182,10 @@ class TimedBackend(httpcore.AsyncNetworkBackend):
         await self._inner.sleep(seconds)
 
 
-def arrival_clock(response: httpx.Response) -> Callable[[], float]:
+def arrival_clock(response: httpx2.Response) -> Callable[[], float]:
     """A clock for a streaming response: when the bytes read last for it arrived.
 
-    HTTP/1.1: the arrival of the read that completed what httpx just returned, the headers or
+    HTTP/1.1: the arrival of the read that completed what httpx2 just returned, the headers or
     a body chunk (h11 reads only when it cannot make an event from what it holds). HTTP/2: the
     arrival of the latest read on the connection, which another stream's task may have made
     after this stream's data came in, so never earlier than the truth. A stream not ours: the
@@ -189,43 +194,130 @@ def arrival_clock(response: httpx.Response) -> Callable[[], float]:
     return stream.arrived_at if isinstance(stream, AsyncioStream) else time.perf_counter
 
 
-# httpcore's own exceptions, which come through unmapped when the body is read below httpx.
+# httpcore2's own exceptions, which come through unmapped when the body is read below httpx2.
 HTTPCORE_ERRORS = (
-    httpcore.NetworkError,
-    httpcore.TimeoutException,
-    httpcore.ProtocolError,
-    httpcore.ProxyError,
-    httpcore.UnsupportedProtocol,
+    httpcore2.NetworkError,
+    httpcore2.TimeoutException,
+    httpcore2.ProtocolError,
+    httpcore2.ProxyError,
+    httpcore2.UnsupportedProtocol,
+)
+
+# The response extension under which ProbeTransport hands over httpcore2's body stream.
+CORE_BODY = "routewatch.core_body"
+
+# httpcore2's exceptions as httpx2's, most specific first: what an httpx2 transport raises.
+_MAPPED: tuple[tuple[type[Exception], type[httpx2.TransportError]], ...] = (
+    (httpcore2.ConnectTimeout, httpx2.ConnectTimeout),
+    (httpcore2.ReadTimeout, httpx2.ReadTimeout),
+    (httpcore2.WriteTimeout, httpx2.WriteTimeout),
+    (httpcore2.PoolTimeout, httpx2.PoolTimeout),
+    (httpcore2.TimeoutException, httpx2.TimeoutException),
+    (httpcore2.ConnectError, httpx2.ConnectError),
+    (httpcore2.ReadError, httpx2.ReadError),
+    (httpcore2.WriteError, httpx2.WriteError),
+    (httpcore2.NetworkError, httpx2.NetworkError),
+    (httpcore2.ProxyError, httpx2.ProxyError),
+    (httpcore2.UnsupportedProtocol, httpx2.UnsupportedProtocol),
+    (httpcore2.LocalProtocolError, httpx2.LocalProtocolError),
+    (httpcore2.RemoteProtocolError, httpx2.RemoteProtocolError),
+    (httpcore2.ProtocolError, httpx2.ProtocolError),
 )
 
 
-def body_chunks(response: httpx.Response) -> AsyncIterator[bytes]:
-    """The body as httpcore yields it. httpx's aiter_raw puts three generator layers on every
-    chunk (~7% of the engine's CPU at 200 streams, py-spy) and nothing the engine uses: it reads
-    raw bytes and closes the response itself. httpx 0.28 (pinned) keeps httpcore's stream at
-    response.stream._stream._httpcore_stream; should that move, this is aiter_raw again.
-    Exceptions: HTTPCORE_ERRORS as well as httpx's."""
-    core = getattr(getattr(response.stream, "_stream", None), "_httpcore_stream", None)
-    if core is None or not hasattr(core, "__aiter__"):
+class CoreBody(Protocol):
+    """httpcore2's response body stream (its pool's): iterated once, then closed."""
+
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class _CoreBody(httpx2.AsyncByteStream):
+    """httpcore2's response body as an httpx2 byte stream: iterating it is iterating httpcore2's
+    own stream (no generator layer of ours), closing it returns the connection to the pool."""
+
+    def __init__(self, core: CoreBody) -> None:
+        self.core = core
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self.core.__aiter__()
+
+    async def aclose(self) -> None:
+        await self.core.aclose()
+
+
+class ProbeTransport(httpx2.AsyncBaseTransport):
+    """An httpx2 transport over an httpcore2 pool of ours (built with our network backend).
+
+    It does what httpx2's AsyncHTTPTransport does for a pool without a proxy, and one thing
+    more: the response carries httpcore2's body stream in its extensions (CORE_BODY), since
+    httpx2's client wraps the response stream in a layer of its own on the way out."""
+
+    def __init__(self, pool: httpcore2.AsyncConnectionPool) -> None:
+        self.pool = pool
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        url = request.url
+        core_request = httpcore2.Request(
+            method=request.method,
+            url=httpcore2.URL(
+                scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path
+            ),
+            headers=request.headers.raw,
+            content=request.stream,
+            extensions=request.extensions,
+        )
+        try:
+            core = await self.pool.handle_async_request(core_request)
+        except Exception as exc:
+            for theirs, ours in _MAPPED:
+                if isinstance(exc, theirs):
+                    raise ours(str(exc)) from exc
+            raise
+        # An async pool's response body is async, with aclose (httpcore2's PoolByteStream).
+        body = cast(CoreBody, core.stream)
+        extensions = dict(core.extensions)
+        extensions[CORE_BODY] = body
+        return httpx2.Response(
+            status_code=core.status,
+            headers=core.headers,
+            stream=_CoreBody(body),
+            extensions=extensions,
+        )
+
+    async def aclose(self) -> None:
+        await self.pool.aclose()
+
+
+def body_chunks(response: httpx2.Response) -> AsyncIterator[bytes]:
+    """The body as httpcore2 yields it. httpx2's aiter_raw puts generator layers on every chunk
+    (~7% of the engine's CPU at 200 streams with httpx 0.28, py-spy) and nothing the engine
+    uses: it reads raw bytes and closes the response itself. A response that did not come
+    through ProbeTransport is read with aiter_raw.
+    Exceptions: HTTPCORE_ERRORS as well as httpx2's."""
+    body: CoreBody | None = response.extensions.get(CORE_BODY)
+    if body is None:
         return response.aiter_raw()
-    return cast(AsyncIterator[bytes], core.__aiter__())
+    return body.__aiter__()
 
 
 @functools.cache
 def ssl_context(verify: bool | str) -> ssl.SSLContext:
     """One SSL context per verification setting: loading CA certificates takes ~30 ms, far
-    too long to do per client while other probes stream on the same event loop."""
+    too long to do per client while other probes stream on the same event loop. verify=True
+    is httpx2's default: the system's CA store (SSL_CERT_FILE / SSL_CERT_DIR if set)."""
     if isinstance(verify, str):
         return ssl.create_default_context(cafile=verify)
-    return httpx.create_ssl_context(verify=verify)
+    return httpx2.create_ssl_context(verify=verify)
 
 
 def make_client(
     http2: bool, verify: bool | str, max_connections: int = 1000, *, cleartext: bool = False
-) -> httpx.AsyncClient:
+) -> httpx2.AsyncClient:
     """A client whose connections go through TimedBackend. Creating one costs tens of ms:
     never inside a timed path. HTTP/2 over cleartext (h2c) uses prior knowledge."""
-    pool = httpcore.AsyncConnectionPool(
+    pool = httpcore2.AsyncConnectionPool(
         ssl_context=ssl_context(verify),
         max_connections=max_connections,
         max_keepalive_connections=max_connections,
@@ -234,29 +326,26 @@ def make_client(
         http2=http2,
         network_backend=TimedBackend(),
     )
-    # httpx builds its own pool (and SSL context) here; ours replaces it.
-    transport = httpx.AsyncHTTPTransport(http2=http2, verify=ssl_context(verify))
-    transport._pool = pool  # httpx has no public way to pass a network backend
-    # No httpx timeouts: the engine bounds every phase itself with one deadline.
-    return httpx.AsyncClient(transport=transport, timeout=None, follow_redirects=False)  # noqa: S113
+    # No httpx2 timeouts: the engine bounds every phase itself with one deadline.
+    return httpx2.AsyncClient(transport=ProbeTransport(pool), timeout=None, follow_redirects=False)
 
 
 class ClientPool:
     """Long-lived clients per (origin, HTTP version, verification) per process.
 
     A key starts with one client; when its in-flight requests reach `per_client`, the next
-    request goes to another client (a shard). httpcore's pool walks all of its connections on
+    request goes to another client (a shard). httpcore2's pool walks all of its connections on
     every request start and end, which at 200 concurrent streams in one pool cost most of a
     core (bench/bench_probes.py); several small pools cost a fraction. Requests go to the
     first shard with room, so sequential probes keep reusing the same warm connection."""
 
     def __init__(self, per_client: int = 16) -> None:
         self.per_client = per_client
-        self._clients: dict[tuple[str, bool, str], list[httpx.AsyncClient]] = {}
+        self._clients: dict[tuple[str, bool, str], list[httpx2.AsyncClient]] = {}
         self._in_flight: dict[int, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def acquire(self, origin: str, http2: bool, verify: bool | str) -> httpx.AsyncClient:
+    def acquire(self, origin: str, http2: bool, verify: bool | str) -> httpx2.AsyncClient:
         loop = asyncio.get_running_loop()
         if self._loop is not loop:  # clients are bound to the loop they were made on
             self._clients.clear()
@@ -276,7 +365,7 @@ class ClientPool:
         self._in_flight[id(client)] = self._in_flight.get(id(client), 0) + 1
         return client
 
-    def release(self, client: httpx.AsyncClient) -> None:
+    def release(self, client: httpx2.AsyncClient) -> None:
         key = id(client)
         if key in self._in_flight:
             self._in_flight[key] = max(0, self._in_flight[key] - 1)

@@ -21,6 +21,7 @@ import itertools
 import json
 import os
 import random
+import re
 import statistics
 import time
 from array import array
@@ -54,6 +55,9 @@ KEEP_TRUTHS = 10_000
 KEEP_LAGS = 2_000_000
 # Prompts longer than this are tokenized in a thread, off the event loop.
 TOKENIZE_INLINE_CHARS = 20_000
+# A fault named in the prompt, like the x-sim-fault header (providers that allow it).
+PROMPT_FAULT = re.compile(r"\[sim-fault:\s*([a-z0-9_]+)\s*\]")
+PROMPT_DELAY = re.compile(r"\[sim-delay-ms:\s*(\d{1,6})\s*\]")
 # A timer may fire up to this early (uvloop timers have 1 ms resolution); earlier, it re-arms.
 EARLY_S = 0.0002
 _clock = time.perf_counter
@@ -329,6 +333,23 @@ class SimulatorApp:
             chosen |= names
         return frozenset(chosen)
 
+    @staticmethod
+    def _prompt_faults(text: str) -> frozenset[str]:
+        """Faults a prompt asks for ("[sim-fault: stall_headers]"), where the fault header is
+        allowed: a scenario's step can then fail on its own while the others run clean."""
+        names = {m.strip() for m in PROMPT_FAULT.findall(text)}
+        unknown = names - set(FAULTS)
+        if unknown:
+            raise HttpError(400, f"[sim-fault:]: unknown faults {sorted(unknown)}")
+        return frozenset(names)
+
+    @staticmethod
+    def _prompt_delay_s(text: str) -> float:
+        """Extra queue time a prompt asks for ("[sim-delay-ms: 300]"; the last one counts),
+        where the fault header is allowed: one branch of a fan-out can be the slow one."""
+        found = PROMPT_DELAY.findall(text)
+        return min(int(found[-1]), 60_000) / 1000.0 if found else 0.0
+
     def _remember(self, truth: Truth) -> None:
         self.truths[truth.id] = truth
         while len(self.truths) > KEEP_TRUTHS:
@@ -416,6 +437,9 @@ class SimulatorApp:
             raise HttpError(400, "messages: a non-empty list is required.", param="messages")
         shaped = PROFILES[profile.profile].read(body, profile)
         prompt = wire.prompt(body)
+        if provider.allow_fault_header and "[sim-fault:" in prompt.text:
+            faults = faults | self._prompt_faults(prompt.text)
+            truth.faults = sorted(faults)
         tokens, block_ends = await self._tokens(wire, prompt.parts)
         truth.input_tokens = len(tokens)
 
@@ -455,6 +479,8 @@ class SimulatorApp:
             profile, prompt.text, shape.max_tokens, cached, len(tokens), rng, shape
         )
         plan.cache_creation_tokens = created
+        if provider.allow_fault_header and "[sim-delay-ms:" in prompt.text:
+            plan.hold_back(self._prompt_delay_s(prompt.text))
         truth.cached_tokens = cached
         truth.cache_creation_tokens = created
         truth.service_tier = plan.service_tier

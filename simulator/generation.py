@@ -108,6 +108,13 @@ class Plan:
     def shown_tokens(self) -> int:
         return len(self.reasoning) + len(self.answer)
 
+    def hold_back(self, seconds: float) -> None:
+        """Queue the response `seconds` longer: every token comes that much later."""
+        if seconds > 0:
+            self.queue_s += seconds
+            self.offsets_s = [t + seconds for t in self.offsets_s]
+            self.end_s += seconds
+
     @property
     def ttft_s(self) -> float:
         """To the first shown token (hidden reasoning delays it)."""

@@ -32,12 +32,26 @@ class Question:
 
 
 def answer_for(prompt: str) -> str | None:
-    """The right answer to the first demo question found in the prompt, if any."""
-    if m := ARITHMETIC.search(prompt):
-        return str(int(m.group(1)) * int(m.group(2)))
-    if m := EXTRACTION.search(prompt):
-        return json.dumps({"name": m.group(1), "age": int(m.group(2))})
-    return None
+    """The right answer to the last demo question in the prompt, if any: in a conversation
+    (a scenario's growing context) the newest question is the one to answer, and a question
+    may be built from an earlier answer ("What is {previous} * 3?")."""
+    last_arithmetic = _last(ARITHMETIC, prompt)
+    last_extraction = _last(EXTRACTION, prompt)
+    if last_arithmetic is None and last_extraction is None:
+        return None
+    if last_extraction is None or (
+        last_arithmetic is not None and last_arithmetic.start() > last_extraction.start()
+    ):
+        assert last_arithmetic is not None
+        return str(int(last_arithmetic.group(1)) * int(last_arithmetic.group(2)))
+    return json.dumps({"name": last_extraction.group(1), "age": int(last_extraction.group(2))})
+
+
+def _last(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
+    found = None
+    for found in pattern.finditer(text):  # noqa: B007 (the last one is wanted)
+        pass
+    return found
 
 
 def wrong_answer_for(prompt: str, rng: random.Random) -> str | None:

@@ -25,6 +25,7 @@ from django.db.models import QuerySet
 from django.urls import NoReverseMatch, reverse
 
 from monitor.models import (
+    APP_E2E_METRICS,
     BUDGET_STATUSES,
     GRAIN_HOUR,
     LATENCY_METRICS,
@@ -55,6 +56,15 @@ METRICS = [
     (metric, dict(LATENCY_METRICS)[metric])
     for metric in (METRIC_TTFT_P50, METRIC_TTFT_P95, METRIC_E2E_P50, METRIC_E2E_P95)
 ]
+
+# Scenario tasks also report application end to end (after the four above, which stay in
+# place: RegionDigest reads TTFT p95 and e2e p95 by position).
+APP_METRICS = [(metric, dict(LATENCY_METRICS)[metric]) for metric in APP_E2E_METRICS]
+
+
+def metrics_for(task: Task) -> list[tuple[str, str]]:
+    return METRICS + APP_METRICS if task.is_scenario else METRICS
+
 
 DIRECTION_FASTER = "faster"
 DIRECTION_SLOWER = "slower"
@@ -379,7 +389,7 @@ def build_report(tasks: Iterable[Task], period: Period) -> list[TaskDigest]:
                     detail=detail,
                     changes=[
                         Change(label, _metric(best_this, name), _metric(best_last, name))
-                        for name, label in METRICS
+                        for name, label in metrics_for(task)
                     ],
                     ttft_status=task.budget_status(
                         METRIC_TTFT_P95, _metric(best_this, METRIC_TTFT_P95)
@@ -393,7 +403,7 @@ def build_report(tasks: Iterable[Task], period: Period) -> list[TaskDigest]:
                 )
             )
             for route in routes:
-                for name, label in METRICS:
+                for name, label in metrics_for(task):
                     change = Change(
                         label,
                         _metric(latency_this.get(route.pk), name),

@@ -15,9 +15,10 @@ from typing import Concatenate, ParamSpec
 
 from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
-from django.http import HttpResponseBase
+from django.http import HttpRequest, HttpResponseBase
+from django.utils import timezone
 
-from monitor.models import GRAIN_DAY, GRAIN_HOUR
+from monitor.models import GRAIN_DAY, GRAIN_HOUR, ProbeResult
 from monitor.pages.http import HtmxHttpRequest
 from monitor.stats import rollups
 
@@ -71,8 +72,82 @@ RANGES: dict[str, Range] = {
 DEFAULT_RANGE = "24h"
 
 
-def parse_range(params: Mapping[str, str], default: str = DEFAULT_RANGE) -> Range:
-    return RANGES.get(params.get("range", default), RANGES[default])
+def parse_range(
+    params: Mapping[str, str],
+    default: str = DEFAULT_RANGE,
+    *,
+    not_before: datetime | None = None,
+    now: datetime | None = None,
+) -> Range:
+    """The window the URL asks for; with `not_before` (generated demo history hidden), cut to
+    start there, read hourly (the history ends on an hour: no hourly row mixes the two)."""
+    window = RANGES.get(params.get("range", default), RANGES[default])
+    if not_before is None:
+        return window
+    now = now or timezone.now()
+    if now - window.length >= not_before:
+        return window
+    length = max(now - not_before, timedelta(minutes=1))
+    return Range(window.key, window.label, length, GRAIN_HOUR)
+
+
+# Generated demo history (monitor.demo_history): every page that shows it says so, and a
+# reader can leave it out (a cookie, so the choice follows them from page to page).
+HIDE_GENERATED_COOKIE = "rw_hide_generated"
+
+
+@dataclass(frozen=True)
+class DemoHistory:
+    """The generated history's span (first and last generated result), and whether this
+    reader hides it."""
+
+    start: datetime
+    last: datetime
+    hidden: bool
+
+    @property
+    def end(self) -> datetime:
+        """The first hour with no generated result: hourly rollups from here on hold measured
+        probes only. Pages that read rollups start here when the history is hidden."""
+        return rollups.bucket_start(self.last, GRAIN_HOUR) + timedelta(hours=1)
+
+    @property
+    def not_before(self) -> datetime | None:
+        return self.end if self.hidden else None
+
+
+def demo_history(request: HttpRequest | None = None) -> DemoHistory | None:
+    """None unless the database holds generated history (one index read; kept per request)."""
+    cached: DemoHistory | bool | None = (
+        getattr(request, "_rw_demo_history", False) if request is not None else False
+    )
+    if cached is not False:
+        return cached if isinstance(cached, DemoHistory) else None
+    # Both ends from the partial index result_generated_started (empty on real deployments).
+    generated = ProbeResult.objects.filter(generated=True)
+    first = generated.order_by("started_at").values_list("started_at", flat=True).first()
+    info = None
+    if first is not None:
+        last = generated.order_by("-started_at").values_list("started_at", flat=True).first()
+        assert last is not None
+        hidden = bool(request is not None and request.COOKIES.get(HIDE_GENERATED_COOKIE))
+        info = DemoHistory(start=first, last=last, hidden=hidden)
+    if request is not None:
+        request._rw_demo_history = info  # type: ignore[attr-defined]
+    return info
+
+
+def hidden_before(request: HttpRequest) -> datetime | None:
+    """The time before which the rollup pages leave results out (generated history hidden)."""
+    info = demo_history(request)
+    return info.not_before if info else None
+
+
+def hidden_until(request: HttpRequest) -> datetime | None:
+    """The last generated result's time, when the reader hides them (raw rows: the probe log
+    and its exports leave out generated rows, and need not read before this)."""
+    info = demo_history(request)
+    return info.last if info and info.hidden else None
 
 
 def parse_int(value: str | None) -> int | None:

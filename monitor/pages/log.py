@@ -43,10 +43,16 @@ class LogFilter:
     outcome: str = ""
     error_kind: str = ""
     range: str = DEFAULT_LOG_RANGE
+    # Generated demo history hidden: only results from here on (monitor.pages.common).
+    not_before: datetime | None = None
 
     @property
     def window(self) -> timedelta:
         return LOG_RANGES[self.range]
+
+    def since(self, now: datetime) -> datetime:
+        start = now - self.window
+        return max(start, self.not_before) if self.not_before is not None else start
 
     def query(self) -> dict[str, str]:
         """The filter as query-string values (for links that keep it)."""
@@ -96,6 +102,8 @@ def filtered(f: LogFilter) -> QuerySet[ProbeResult]:
         qs = qs.filter(outcome=f.outcome)
     if f.error_kind:
         qs = qs.filter(error_kind=f.error_kind)
+    if f.not_before is not None:
+        qs = qs.filter(generated=False)
     return qs
 
 
@@ -129,7 +137,7 @@ class LogPage:
 
 def page(f: LogFilter, cursor: Cursor | None, now: datetime, size: int = PAGE_SIZE) -> LogPage:
     base = filtered(f).select_related("task", "route__provider", "region")
-    since = now - f.window
+    since = f.since(now)
     upper = cursor.started_at if cursor else now + timedelta(minutes=1)
     rows: list[ProbeResult] = []
     step = FIRST_SLICE
@@ -215,7 +223,7 @@ EXPORT_HEADER = [name for name, _ in EXPORT_FIELDS]
 
 def export_rows(f: LogFilter, now: datetime, limit: int) -> Iterator[tuple[Any, ...]]:
     """The filter's results, oldest first, at most `limit`, read in chunks (server-side cursor)."""
-    qs = filtered(f).filter(started_at__gte=now - f.window, started_at__lte=now)
+    qs = filtered(f).filter(started_at__gte=f.since(now), started_at__lte=now)
     columns = [column for _, column in EXPORT_FIELDS]
     return qs.order_by("started_at", "id").values_list(*columns)[:limit].iterator(chunk_size=2000)
 

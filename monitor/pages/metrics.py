@@ -1,118 +1,464 @@
-"""Prometheus text exposition (format 0.0.4) of recent figures per task, route and region.
+"""/metrics: the Prometheus exposition, written by prometheus_client from the rollups.
 
-Read from the hourly rollups of the current and the previous hour (so a scrape just after the
-hour still has samples). Percentiles the histograms cannot give (too few samples) are left
-out rather than exported as 0.
+Each scrape builds a fresh CollectorRegistry holding one `RollupCollector` (no process-wide
+registry is touched, so two scrapes never see each other's state) and encodes it in the format
+the scraper asks for (Prometheus text 0.0.4 by default, OpenMetrics on request).
+
+Counters (`*_total`) are all-time sums of the daily rollup rows per (task, route, region).
+Ingest adds every result to its day's row in the same transaction that stores it (the day of
+the current hour included), so a sum over all daily rows is complete and only ever grows: a
+late result adds to an older day, and retention (monitor.pipeline.ingest.delete_old_results)
+deletes raw results but never rollups. A series goes away, rather than going down, when its
+task, route or region is deleted (the rollups go with it). Should rollups ever be pruned, these
+counters would need a cumulative table of their own; tests/dashboard/test_metrics.py fails if
+retention touches them.
+
+Latency histograms are the same all-time rollups: the rollups' log buckets (5% wide,
+monitor.stats.hist) are mapped onto fixed `le` bounds by each bucket's representative value,
+and `_sum` is estimated from those representatives (the rollups keep no exact sums).
+
+Ratios (`*_ratio`) are gauges over the overview's window (the last 24 h, what chooses the
+winner); the counters they come from are exported alongside, so PromQL can compute them over
+any window. Labels are bounded: slugs, route ids, error kinds from probes.errors.Kind, queue
+names; a route's provider and model are on `routewatch_route_info` (join on `route`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import bisect
+import logging
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from monitor.models import GRAIN_HOUR, Region, Route, Task
-from monitor.pipeline.queues import BrokerFigures
-from monitor.stats import rollups
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-WINDOW = timedelta(hours=1)
+from monitor.models import GRAIN_DAY, GRAIN_HOUR, Heartbeat, Region, Rollup, Route, Task
+from monitor.pages import overview
+from monitor.pipeline import queues
+from monitor.pipeline.ingest import REJECTED_COUNTER
+from monitor.stats import hist, rollups
+from monitor.stats.rollups import Stats
+from probes.errors import Kind
+
+log = logging.getLogger(__name__)
+
+# `le` bounds of the latency histograms, seconds; of the speed histogram, tokens per second.
+SECONDS_BOUNDS = (
+    0.025,
+    0.05,
+    0.1,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    5.0,
+    7.5,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    60.0,
+    120.0,
+)
+TPS_BOUNDS = (5.0, 10.0, 20.0, 30.0, 50.0, 75.0, 100.0, 150.0, 200.0, 300.0, 500.0, 1000.0, 2000.0)
+
+# The Celery queues besides the regions' probes.<slug>: beat's own tasks, and results.
+TICK_HEARTBEAT = "tick"  # monitor.tasks.tick
+
+_KEY = ("task", "route", "region")
+_ESTIMATED = (
+    " The rollups' 5% log buckets are mapped onto these bounds by each bucket's middle value;"
+    " _sum is estimated from those middle values."
+)
 
 
-def escape_label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+@dataclass(frozen=True)
+class _Histogram:
+    name: str
+    help: str
+    column: str  # the Stats counts dict: ttft_counts, ...
+    scale: hist.Scale
+    factor: float  # rollup unit -> exported unit
+    bounds: Sequence[float]
 
 
-def _labels(**labels: str) -> str:
-    return "{" + ",".join(f'{k}="{escape_label(v)}"' for k, v in labels.items()) + "}"
+_HISTOGRAMS = (
+    _Histogram(
+        "routewatch_time_to_first_token_seconds",
+        "Time from sending the request to the first streamed token (reasoning included), "
+        "successful probes." + _ESTIMATED,
+        "ttft_counts",
+        hist.MS,
+        0.001,
+        SECONDS_BOUNDS,
+    ),
+    _Histogram(
+        "routewatch_time_to_first_answer_token_seconds",
+        "Time from sending the request to the first answer token (after any reasoning), "
+        "successful probes." + _ESTIMATED,
+        "ttfat_counts",
+        hist.MS,
+        0.001,
+        SECONDS_BOUNDS,
+    ),
+    _Histogram(
+        "routewatch_request_duration_seconds",
+        "End-to-end time of a probe, request sent to stream ended, successful probes." + _ESTIMATED,
+        "e2e_counts",
+        hist.MS,
+        0.001,
+        SECONDS_BOUNDS,
+    ),
+    _Histogram(
+        "routewatch_app_e2e_seconds",
+        "Application end-to-end time of a scenario task's run (every call and the validation of "
+        "the final answer), successful scenarios." + _ESTIMATED,
+        "app_e2e_counts",
+        hist.MS,
+        0.001,
+        SECONDS_BOUNDS,
+    ),
+    _Histogram(
+        "routewatch_output_speed_tokens_per_second",
+        "Streamed output tokens per second after the first token, successful probes." + _ESTIMATED,
+        "tps_counts",
+        hist.TPS,
+        1.0,
+        TPS_BOUNDS,
+    ),
+)
 
 
-def _num(value: float) -> str:
-    return repr(float(value))
+def buckets(
+    counts: dict[int, int], scale: hist.Scale, factor: float, bounds: Sequence[float]
+) -> tuple[list[tuple[str, float]], float]:
+    """Cumulative (le, count) buckets of a rollup histogram, ending with +Inf, and the sum
+    estimated from the buckets' representatives (in the exported unit)."""
+    per_bound = [0] * (len(bounds) + 1)
+    total = 0.0
+    for index in sorted(counts):
+        n = counts[index]
+        value = scale.representative(index) * factor
+        total += value * n
+        per_bound[bisect.bisect_left(bounds, value)] += n
+    out: list[tuple[str, float]] = []
+    seen = 0
+    for bound, n in zip([*bounds, float("inf")], per_bound, strict=True):
+        seen += n
+        out.append(("+Inf" if math.isinf(bound) else repr(bound), float(seen)))
+    return out, total
 
 
-_FAMILIES = [
-    ("routewatch_ttft_seconds", "Time to first token, seconds, recent percentiles."),
-    ("routewatch_e2e_seconds", "API end-to-end time, seconds, recent percentiles."),
-    ("routewatch_tokens_per_second", "Generation speed after the first token, recent percentiles."),
-    ("routewatch_error_ratio", "Share of recent probes that failed or were missed."),
-    ("routewatch_probes", "Probes in the window (ok, error and missed)."),
-    ("routewatch_last_probe_timestamp_seconds", "Unix time of the latest probe."),
-]
+def _timestamp(when: datetime | None) -> float | None:
+    return when.timestamp() if when is not None else None
 
 
-def lines(now: datetime) -> Iterator[str]:
-    stats = rollups.stats_by(
-        rollups.rows(since=now - WINDOW, until=now + timedelta(hours=1), grain=GRAIN_HOUR),
-        ["task_id", "route_id", "region_id"],
-    )
-    tasks = {t.pk: t for t in Task.objects.all()}
-    routes = {r.pk: r for r in Route.objects.select_related("provider")}
-    regions = {g.pk: g for g in Region.objects.all()}
-    samples: dict[str, list[str]] = {name: [] for name, _ in _FAMILIES}
-    for (task_id, route_id, region_id), s in sorted(
-        stats.items(), key=lambda kv: tuple(k or 0 for k in kv[0])
-    ):
-        task, route, region = (
-            tasks.get(task_id or 0),
-            routes.get(route_id or 0),
-            regions.get(region_id or 0),
-        )
-        if task is None or route is None or region is None:
-            continue
-        base = {
-            "task": task.slug,
-            "route": str(route.pk),
-            "provider": route.provider.name,
-            "model": route.model_id,
-            "region": region.slug,
+class RollupCollector(Collector):
+    """Reads the rollups, winners, heartbeats and queue depths once per `collect()`."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def collect(self) -> Iterable[Metric]:
+        tasks = dict(Task.objects.values_list("pk", "slug"))
+        regions = list(Region.objects.all())
+        region_slugs = {g.pk: g.slug for g in regions}
+        routes = {r.pk: r for r in Route.objects.select_related("provider")}
+
+        def labels(key: tuple[int | None, ...]) -> list[str] | None:
+            task_id, route_id, region_id = key
+            if task_id not in tasks or route_id not in routes or region_id not in region_slugs:
+                return None  # deleted meanwhile
+            return [tasks[task_id], str(route_id), region_slugs[region_id]]
+
+        all_time = {
+            k: (labels(k), s)
+            for k, s in rollups.stats_by(
+                Rollup.objects.filter(grain=GRAIN_DAY, region__isnull=False),
+                ["task_id", "route_id", "region_id"],
+            ).items()
         }
-        for q in (50, 95):
-            quantile = {"quantile": str(q / 100)}
-            ttft, e2e, tps = s.ttft_ms(q), s.e2e_ms(q), s.tps(q)
-            if ttft is not None:
-                samples["routewatch_ttft_seconds"].append(
-                    f"routewatch_ttft_seconds{_labels(**base, **quantile)} {_num(ttft / 1000)}"
-                )
-            if e2e is not None:
-                samples["routewatch_e2e_seconds"].append(
-                    f"routewatch_e2e_seconds{_labels(**base, **quantile)} {_num(e2e / 1000)}"
-                )
-            if tps is not None:
-                samples["routewatch_tokens_per_second"].append(
-                    f"routewatch_tokens_per_second{_labels(**base, **quantile)} {_num(tps)}"
-                )
-        if s.error_rate is not None:
-            samples["routewatch_error_ratio"].append(
-                f"routewatch_error_ratio{_labels(**base)} {_num(s.error_rate)}"
-            )
-        samples["routewatch_probes"].append(f"routewatch_probes{_labels(**base)} {s.count}")
-        if s.last_probe_at is not None:
-            samples["routewatch_last_probe_timestamp_seconds"].append(
-                f"routewatch_last_probe_timestamp_seconds{_labels(**base)} "
-                f"{_num(s.last_probe_at.timestamp())}"
-            )
-    for name, help_text in _FAMILIES:
-        yield f"# HELP {name} {help_text}\n"
-        yield f"# TYPE {name} gauge\n"
-        for sample in samples[name]:
-            yield sample + "\n"
+        since = self.now - overview.WINDOW
+        recent = {
+            k: (labels(k), s)
+            for k, s in rollups.stats_by(
+                rollups.rows(since=since, until=self.now + timedelta(hours=1), grain=GRAIN_HOUR),
+                ["task_id", "route_id", "region_id"],
+                histograms=False,
+            ).items()
+        }
+        ordered = sorted(((lv, s) for lv, s in all_time.values() if lv is not None))
+        yield from _counters(ordered)
+        yield from _histograms(ordered)
+        yield from _ratios(sorted((lv, s) for lv, s in recent.values() if lv is not None))
+        yield _route_info(routes)
+        yield from _winners(self.now, routes)
+        yield from _heartbeats()
+        yield from _queues([g.queue_name for g in regions])
 
 
-def broker_lines(figures: BrokerFigures | None) -> Iterator[str]:
-    """Queue depths, unacknowledged and dead-lettered messages (monitor.pipeline.queues);
-    routewatch_broker_up 0 when Redis does not answer."""
-    yield "# HELP routewatch_broker_up Whether the broker (Redis) answered this scrape.\n"
-    yield "# TYPE routewatch_broker_up gauge\n"
-    yield f"routewatch_broker_up {0 if figures is None else 1}\n"
-    if figures is None:
-        return
-    yield "# HELP routewatch_queue_depth Messages waiting in a broker queue.\n"
-    yield "# TYPE routewatch_queue_depth gauge\n"
-    for queue, depth in figures["depths"].items():
-        yield f"routewatch_queue_depth{_labels(queue=queue)} {depth}\n"
-    yield "# HELP routewatch_unacked_messages Messages taken by a worker, not yet acknowledged.\n"
-    yield "# TYPE routewatch_unacked_messages gauge\n"
-    yield f"routewatch_unacked_messages {figures['unacked']}\n"
-    yield "# HELP routewatch_dead_letters Ingest messages parked after their retries.\n"
-    yield "# TYPE routewatch_dead_letters gauge\n"
-    yield f"routewatch_dead_letters {figures['dead_letters']}\n"
+def _counters(series: list[tuple[list[str], Stats]]) -> Iterator[Metric]:
+    probes = CounterMetricFamily(
+        "routewatch_probes",
+        "Probes recorded, by outcome: ok, error (the probe failed), missed (no result came "
+        "back by the slot's deadline).",
+        labels=[*_KEY, "outcome"],
+    )
+    errors = CounterMetricFamily(
+        "routewatch_probe_errors",
+        "Failed probes by error kind (probes.errors.Kind) and the party it blames: provider, "
+        "network, config, engine, monitor.",
+        labels=[*_KEY, "kind", "blame"],
+    )
+    provider_errors = CounterMetricFamily(
+        "routewatch_provider_errors",
+        "Failures that count against the provider (blame provider or network): the numerator "
+        "of availability.",
+        labels=list(_KEY),
+    )
+    attempts = CounterMetricFamily(
+        "routewatch_provider_attempts",
+        "Probes that tell about the provider's availability: successes plus the failures "
+        "that count against it (the denominator of availability).",
+        labels=list(_KEY),
+    )
+    graded = CounterMetricFamily(
+        "routewatch_quality_graded", "Probes graded against an eval case.", labels=list(_KEY)
+    )
+    passed = CounterMetricFamily(
+        "routewatch_quality_passed", "Graded probes whose answer passed.", labels=list(_KEY)
+    )
+    cache_reports = CounterMetricFamily(
+        "routewatch_cache_reports",
+        "Probes for which the provider reported its cached input tokens (0 included).",
+        labels=list(_KEY),
+    )
+    cache_hits = CounterMetricFamily(
+        "routewatch_cache_hits",
+        "Probes for which the provider reported more than 0 cached input tokens.",
+        labels=list(_KEY),
+    )
+    tokens = CounterMetricFamily(
+        "routewatch_tokens",
+        "Tokens billed by the provider, by type: input (cached included) or output "
+        "(reasoning included).",
+        labels=[*_KEY, "type"],
+    )
+    cached_tokens = CounterMetricFamily(
+        "routewatch_cached_input_tokens",
+        "Input tokens the provider reported served from its cache.",
+        labels=list(_KEY),
+    )
+    spend = CounterMetricFamily(
+        "routewatch_spend_usd",
+        "Cost of the probes in US dollars, from their tokens and the route's prices.",
+        labels=list(_KEY),
+    )
+    last_probe = GaugeMetricFamily(
+        "routewatch_last_probe_timestamp_seconds",
+        "Unix time of the latest probe that ran (ok or error; not missed).",
+        labels=list(_KEY),
+    )
+    last_ok = GaugeMetricFamily(
+        "routewatch_last_success_timestamp_seconds",
+        "Unix time of the latest successful probe.",
+        labels=list(_KEY),
+    )
+    for lv, s in series:
+        probes.add_metric([*lv, "ok"], s.count_ok)
+        probes.add_metric([*lv, "error"], s.count_error)
+        probes.add_metric([*lv, "missed"], s.count_missed)
+        for kind, n in sorted(_known_kinds(s.error_kinds).items()):
+            errors.add_metric([*lv, kind.value, kind.blame.value], n)
+        provider_errors.add_metric(lv, s.provider_errors)
+        attempts.add_metric(lv, s.attempts)
+        graded.add_metric(lv, s.graded)
+        passed.add_metric(lv, s.passed)
+        cache_reports.add_metric(lv, s.cache_reported)
+        cache_hits.add_metric(lv, s.cache_hits)
+        tokens.add_metric([*lv, "input"], s.input_tokens)
+        tokens.add_metric([*lv, "output"], s.output_tokens)
+        cached_tokens.add_metric(lv, s.cached_tokens)
+        spend.add_metric(lv, float(s.cost_usd))
+        if (at := _timestamp(s.last_probe_at)) is not None:
+            last_probe.add_metric(lv, at)
+        if (at := _timestamp(s.last_ok_at)) is not None:
+            last_ok.add_metric(lv, at)
+    yield from (probes, errors, provider_errors, attempts, graded, passed)
+    yield from (cache_reports, cache_hits, tokens, cached_tokens, spend, last_probe, last_ok)
+
+
+def _known_kinds(error_kinds: dict[str, int]) -> dict[Kind, int]:
+    """Error kinds as Kind members; a stored kind we no longer know is left out (a label
+    value must come from a bounded set), and logged."""
+    out: dict[Kind, int] = {}
+    for name, n in error_kinds.items():
+        try:
+            kind = Kind(name)
+        except ValueError:
+            log.warning("metrics: unknown error kind %r left out", name[:40])
+            continue
+        out[kind] = out.get(kind, 0) + n
+    return out
+
+
+def _histograms(series: list[tuple[list[str], Stats]]) -> Iterator[Metric]:
+    for h in _HISTOGRAMS:
+        family = HistogramMetricFamily(h.name, h.help, labels=list(_KEY))
+        for lv, s in series:
+            counts: dict[int, int] = getattr(s, h.column)
+            if counts:
+                bucket_list, total = buckets(counts, h.scale, h.factor, h.bounds)
+                family.add_metric(lv, bucket_list, total)
+        yield family
+
+
+def _ratios(series: list[tuple[list[str], Stats]]) -> Iterator[Metric]:
+    hours = int(overview.WINDOW.total_seconds() // 3600)
+    window = f"over the last {hours} h (the overview's window)"
+    error_ratio = GaugeMetricFamily(
+        "routewatch_provider_error_ratio",
+        f"Failures that count against the provider out of its attempts, {window}; from "
+        "routewatch_provider_errors_total / routewatch_provider_attempts_total.",
+        labels=list(_KEY),
+    )
+    pass_ratio = GaugeMetricFamily(
+        "routewatch_quality_pass_ratio",
+        f"Graded probes that passed, {window}.",
+        labels=list(_KEY),
+    )
+    cache_ratio = GaugeMetricFamily(
+        "routewatch_cache_hit_ratio",
+        f"Probes with cached input tokens out of those where the provider reported them, {window}.",
+        labels=list(_KEY),
+    )
+    for lv, s in series:
+        for family, value in (
+            (error_ratio, s.provider_error_rate),
+            (pass_ratio, s.pass_rate),
+            (cache_ratio, s.cache_hit_rate),
+        ):
+            if value is not None:  # no attempts, nothing graded, never reported: no sample
+                family.add_metric(lv, value)
+    yield from (error_ratio, pass_ratio, cache_ratio)
+
+
+def _route_info(routes: dict[int, Route]) -> Metric:
+    info = InfoMetricFamily(
+        "routewatch_route",
+        "A route's provider (slug) and model id; join on `route` for readable labels.",
+        labels=["route"],
+    )
+    for pk in sorted(routes):
+        route = routes[pk]
+        info.add_metric([str(pk)], {"provider": route.provider.slug, "model": route.model_id})
+    return info
+
+
+def _winners(now: datetime, routes: dict[int, Route]) -> Iterator[Metric]:
+    info = InfoMetricFamily(
+        "routewatch_winner",
+        "The fastest qualifying route of each task and region, as the overview shows it.",
+        labels=["task", "region"],
+    )
+    present = GaugeMetricFamily(
+        "routewatch_winner_present",
+        "1 when a route qualifies for the task in the region, 0 when none does.",
+        labels=["task", "region"],
+    )
+    since = GaugeMetricFamily(
+        "routewatch_winner_since_timestamp_seconds",
+        "Unix time since which the current winner has been the winner.",
+        labels=["task", "region"],
+    )
+    for row in overview.current(now).rows:
+        for cell in row.cells:
+            key = [row.task.slug, cell.region_slug]
+            route = routes.get(cell.route_id) if cell.route_id is not None else None
+            present.add_metric(key, 1 if route is not None else 0)
+            if route is None:
+                continue
+            info.add_metric(
+                key,
+                {
+                    "route": str(route.pk),
+                    "provider": route.provider.slug,
+                    "model": route.model_id,
+                },
+            )
+            if (at := _timestamp(cell.winner_since)) is not None:
+                since.add_metric(key, at)
+    yield from (info, present, since)
+
+
+def _heartbeats() -> Iterator[Metric]:
+    beats = {
+        h.name: h for h in Heartbeat.objects.filter(name__in=[TICK_HEARTBEAT, REJECTED_COUNTER])
+    }
+    last_tick = GaugeMetricFamily(
+        "routewatch_scheduler_last_tick_timestamp_seconds",
+        "Unix time of the scheduler's (beat's) latest tick.",
+    )
+    ticks = CounterMetricFamily("routewatch_scheduler_ticks", "Ticks the scheduler has run.")
+    tick = beats.get(TICK_HEARTBEAT)
+    if tick is not None:
+        last_tick.add_metric([], tick.last_seen.timestamp())
+    ticks.add_metric([], tick.count if tick else 0)
+    rejected = CounterMetricFamily(
+        "routewatch_ingest_rejected_results",
+        "Results (and race results) ingest refused: malformed, unsigned, or for no open slot.",
+    )
+    refused = beats.get(REJECTED_COUNTER)
+    rejected.add_metric([], refused.count if refused else 0)
+    yield from (last_tick, ticks, rejected)
+
+
+def _queues(region_queues: Sequence[str]) -> Iterator[Metric]:
+    """Queue depths, unacknowledged and dead-lettered messages (monitor.pipeline.queues, the
+    figures the Status page shows); routewatch_broker_up 0 when Redis does not answer."""
+    figures = queues.broker_figures(region_queues)
+    up = GaugeMetricFamily(
+        "routewatch_broker_up", "1 when the broker (Redis) answered this scrape, 0 when not."
+    )
+    up.add_metric([], 0 if figures is None else 1)
+    depth = GaugeMetricFamily(
+        "routewatch_queue_depth",
+        "Messages waiting in a Celery queue: probes.<region> (probe batches), ingest "
+        "(results), default (the scheduler's own tasks).",
+        labels=["queue"],
+    )
+    unacked = GaugeMetricFamily(
+        "routewatch_unacked_messages", "Messages taken by a worker, not yet acknowledged."
+    )
+    letters = GaugeMetricFamily(
+        "routewatch_dead_letters", "Ingest messages parked after their retries (Status page)."
+    )
+    if figures is not None:
+        for queue, n in figures["depths"].items():
+            depth.add_metric([queue], n)
+        unacked.add_metric([], figures["unacked"])
+        letters.add_metric([], figures["dead_letters"])
+    yield from (up, depth, unacked, letters)
+
+
+def exposition(accept: str, now: datetime) -> tuple[bytes, str]:
+    """The scrape's body and content type, in the format the Accept header asks for."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RollupCollector(now))
+    encoder, content_type = choose_encoder(accept)
+    return encoder(registry), content_type

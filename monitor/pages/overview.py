@@ -48,6 +48,7 @@ class TaskInfo:
     ttft_p95_budget_ms: int | None
     e2e_p95_budget_ms: int | None
     max_error_rate: float = 0.0  # the availability bar (Task.error_ceiling)
+    metric: str = ""  # the ranking metric's key (the read API names it)
 
     @classmethod
     def of(cls, task: Task) -> TaskInfo:
@@ -56,6 +57,7 @@ class TaskInfo:
             name=task.name,
             latency_class=task.get_latency_class_display(),
             latency_metric=metric_label(task.ranking_metric()),
+            metric=task.ranking_metric(),
             min_pass_rate=task.min_pass_rate,
             max_error_rate=task.error_ceiling(),
             min_quality_index=task.min_quality_index,
@@ -105,6 +107,15 @@ class Cell:
     winner_since: datetime | None = None
     why: str = ""  # why this route is the winner (the change that made it), or why none is
     stale: bool = True  # set against the time of the read (see `Overview.at`)
+    # For the read API (monitor.api): the tied routes' ids, and the runner-up's bar figures.
+    tied_ids: list[int] = field(default_factory=list)
+    runner_up_samples: int = 0
+    runner_up_passed: int = 0
+    runner_up_graded: int = 0
+    runner_up_pass_low: float | None = None
+    runner_up_pass_high: float | None = None
+    runner_up_errors: int = 0
+    runner_up_attempts: int = 0
 
     @property
     def error_rate(self) -> float | None:
@@ -263,6 +274,14 @@ def _cell(
         tied=[str(c.route) for c in choice.candidates if c.tied],
         winner_since=since,
         why=why,
+        tied_ids=[c.route.pk for c in choice.candidates if c.tied],
+        runner_up_samples=runner.metric.n if runner else 0,
+        runner_up_passed=runner.pass_rate.k if runner and runner.pass_rate else 0,
+        runner_up_graded=runner.pass_rate.n if runner and runner.pass_rate else 0,
+        runner_up_pass_low=runner.pass_rate.low if runner and runner.pass_rate else None,
+        runner_up_pass_high=runner.pass_rate.high if runner and runner.pass_rate else None,
+        runner_up_errors=runner.errors.k if runner else 0,
+        runner_up_attempts=runner.errors.n if runner else 0,
     )
 
 

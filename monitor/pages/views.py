@@ -16,6 +16,7 @@ from django.db.models import Max, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
 from monitor.models import (
@@ -35,11 +36,21 @@ from monitor.pages import overview as overview_data
 from monitor.pages import races as pages_races
 from monitor.pages import regions as pages_regions
 from monitor.pages import route as pages_route
+from monitor.pages import scenario as pages_scenario
 from monitor.pages import task as pages_task
 from monitor.pages import whatif as pages_whatif
-from monitor.pages.common import RANGES, may_read, parse_range, readonly_page
+from monitor.pages.common import (
+    HIDE_GENERATED_COOKIE,
+    RANGES,
+    hidden_before,
+    hidden_until,
+    may_read,
+    parse_range,
+    readonly_page,
+)
 from monitor.pages.http import HtmxHttpRequest
 from monitor.pages.overview import metric_label
+from monitor.pages.setup import setup_checklist
 from monitor.pipeline import queues
 from monitor.stats import spend
 
@@ -81,7 +92,12 @@ def _last_probe_at() -> datetime | None:
 def overview(request: HtmxHttpRequest) -> HttpResponse:
     tick = Heartbeat.objects.filter(name="tick").first()
     now = timezone.now()
-    data = overview_data.current(now)
+    not_before = hidden_before(request)
+    if not_before is not None and now - overview_data.WINDOW < not_before:
+        # Generated history hidden: this reader's own overview, over the measured part only.
+        data = overview_data.build(now, window=max(now - not_before, timedelta(minutes=1)))
+    else:
+        data = overview_data.current(now)
     ctx = {
         "rows": data.rows,
         "built_at": data.built_at,
@@ -91,6 +107,7 @@ def overview(request: HtmxHttpRequest) -> HttpResponse:
         "window_hours": int(overview_data.WINDOW.total_seconds() // 3600),
         "refresh_s": settings.DASHBOARD_REFRESH_SECONDS,
         "rendered_at": now,
+        "checklist": None if data.rows else setup_checklist(),
         "cap_notices": _cap_notices(Task.objects.filter(is_active=True), now),
     }
     # Its only htmx request is the refresh of the body.
@@ -102,7 +119,7 @@ def overview(request: HtmxHttpRequest) -> HttpResponse:
 def task_detail(request: HtmxHttpRequest, slug: str) -> HttpResponse:
     task = get_object_or_404(Task, slug=slug)
     region = _region(request.GET.get("region"), task)
-    window = parse_range(request.GET)
+    window = parse_range(request.GET, not_before=hidden_before(request))
     now = timezone.now()
     data = pages_task.build(task, region, window, request.GET.dict(), now)
     ctx = {
@@ -124,10 +141,11 @@ def route_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     route = get_object_or_404(Route.objects.select_related("provider"), pk=pk)
     task = _task(request, route.tasks.filter(is_active=True).order_by("name"))
     region = _region(request.GET.get("region"), task) if task else None
-    window = parse_range(request.GET)
+    window = parse_range(request.GET, not_before=hidden_before(request))
     now = timezone.now()
     ctx = {
         "page": pages_route.build(route, task, region, window, now),
+        "scenario": pages_scenario.build(route, task, region, window, now) if task else None,
         "route": route,
         "ranges": RANGES.values(),
         "now": now,
@@ -140,7 +158,7 @@ def route_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 def regions(request: HtmxHttpRequest) -> HttpResponse:
     tasks = Task.objects.filter(is_active=True).order_by("name")
     task = _task(request, tasks)
-    window = parse_range(request.GET)
+    window = parse_range(request.GET, not_before=hidden_before(request))
     metric = request.GET.get("metric") or pages_regions.DEFAULT_METRIC
     now = timezone.now()
     ctx = {
@@ -157,6 +175,7 @@ def regions(request: HtmxHttpRequest) -> HttpResponse:
 @readonly_page
 def probe_log(request: HtmxHttpRequest) -> HttpResponse:
     f = pages_log.parse_filter(request.GET)
+    f.not_before = hidden_until(request)
     cursor = pages_log.Cursor.decode(request.GET.get("before"))
     data = pages_log.page(f, cursor, timezone.now())
     ctx = {
@@ -179,7 +198,7 @@ def races(request: HtmxHttpRequest) -> HttpResponse:
     tasks = Task.objects.filter(is_active=True).order_by("name")
     task = _task(request, tasks)
     region = _region(request.GET.get("region"), task) if task else None
-    window = parse_range(request.GET)
+    window = parse_range(request.GET, not_before=hidden_before(request))
     ctx = {
         "tasks": tasks,
         "task": task,
@@ -196,6 +215,7 @@ def export(request: HtmxHttpRequest, fmt: str) -> StreamingHttpResponse:
     if fmt not in ("csv", "json"):
         raise Http404("unknown export format")
     f = pages_log.parse_filter(request.GET)
+    f.not_before = hidden_until(request)
     now = timezone.now()
     rows = pages_log.export_rows(f, now, settings.EXPORT_MAX_ROWS)
     stamp = now.strftime("%Y%m%dT%H%M%SZ")
@@ -209,6 +229,22 @@ def export(request: HtmxHttpRequest, fmt: str) -> StreamingHttpResponse:
         )
     response["Content-Disposition"] = f'attachment; filename="routewatch-results-{stamp}.{fmt}"'
     response["X-Export-Row-Limit"] = str(settings.EXPORT_MAX_ROWS)
+    return response
+
+
+@require_POST
+def demo_history(request: HtmxHttpRequest) -> HttpResponse:
+    """Show or hide generated demo history on every page (a cookie: a display choice)."""
+    target = request.POST.get("next") or "/"
+    if not url_has_allowed_host_and_scheme(target, {request.get_host()}, request.is_secure()):
+        target = "/"
+    response = redirect(target)
+    if request.POST.get("hide"):
+        response.set_cookie(
+            HIDE_GENERATED_COOKIE, "1", max_age=365 * 86400, samesite="Lax", httponly=True
+        )
+    else:
+        response.delete_cookie(HIDE_GENERATED_COOKIE, samesite="Lax")
     return response
 
 
@@ -235,9 +271,8 @@ def metrics(request: HtmxHttpRequest) -> HttpResponse:
             content_type="text/plain; charset=utf-8",
             headers={"WWW-Authenticate": 'Bearer realm="routewatch"'},
         )
-    body = "".join(pages_metrics.lines(timezone.now()))
-    body += "".join(pages_metrics.broker_lines(_broker_figures()))
-    return HttpResponse(body, content_type=pages_metrics.CONTENT_TYPE)
+    body, content_type = pages_metrics.exposition(request.headers.get("Accept", ""), timezone.now())
+    return HttpResponse(body, content_type=content_type)
 
 
 def _broker_figures() -> queues.BrokerFigures | None:

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
 from django.db import (
@@ -43,6 +43,7 @@ from django.db import (
     models,
     transaction,
 )
+from django.db.models import F
 from django.utils import timezone
 
 from monitor import partitions
@@ -61,7 +62,7 @@ from monitor.models import (
     Route,
     Task,
 )
-from monitor.pipeline import signing
+from monitor.pipeline import genai_otlp, signing
 from monitor.pipeline.messages import (
     ContractError,
     ResultPayload,
@@ -100,8 +101,9 @@ _TEXT_LIMITS = {"text": TEXT_LIMIT, "error_detail": DETAIL_LIMIT}
 _KEY = [COLUMNS.index(c) for c in ("task_id", "route_id", "region_id", "slot_at")]
 _OUTCOME = COLUMNS.index("outcome")
 
-# What the rollups need from each inserted row (RETURNING these columns).
-_ROLLED = list(ResultRow._fields)
+# What the rollups need from each inserted row (RETURNING these columns; app e2e is a
+# scenario's, not a column).
+_ROLLED = [f for f in ResultRow._fields if f != "app_e2e_ms"]
 
 
 class BadPayload(ValueError):
@@ -535,7 +537,21 @@ def ingest_signed(envelope: object) -> int:
         log.warning("refused a result message: %s", exc)
         count_rejected(1)
         return 0
+    # The region's worker is running: what it signed arrived (the setup checklist reads this).
+    seen_region(opened.region_id)
     return ingest(opened.body, from_region=opened.region_id, sealed_at=opened.sealed_at)
+
+
+def region_heartbeat(region_id: int) -> str:
+    """The Heartbeat row a region's worker keeps alive by delivering results."""
+    return f"region:{region_id}"
+
+
+def seen_region(region_id: int) -> None:
+    now = timezone.now()
+    name = region_heartbeat(region_id)
+    if not Heartbeat.objects.filter(name=name).update(last_seen=now, count=F("count") + 1):
+        Heartbeat.objects.get_or_create(name=name, defaults={"last_seen": now, "count": 1})
 
 
 def ingest(
@@ -564,6 +580,10 @@ def ingest(
     if from_region is not None:
         payloads, refused_here = admit(payloads, from_region, sealed_at or now)
         rejected += refused_here
+        for p in payloads:
+            # Demo history is made in this process only (monitor.demo_history): what a worker
+            # sends is a measurement, and cannot hide itself behind the pages' generated filter.
+            p["generated"] = False
     prices = {
         r.pk: r
         for r in Route.objects.filter(pk__in={p["route_id"] for p in payloads}).select_related(
@@ -594,6 +614,9 @@ def ingest(
         _set_slot_status(inserted, SLOT_DONE, only_open=False)
         rollups.apply(inserted)
         count_rejected(rejected + refused)
+        if inserted and genai_otlp.enabled():
+            # Only what was stored, once stored (a rolled-back batch is redelivered).
+            transaction.on_commit(partial(genai_otlp.record, inserted, rows_in, prices))
     return len(inserted)
 
 

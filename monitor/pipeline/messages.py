@@ -2,6 +2,7 @@
 
     beat --ProbeBatch (ProbeMessage per slot)--> probes.<region> --list[ResultPayload]--> ingest
     beat --RaceMessage (a ProbeMessage per lane)--> probes.<region> --RaceResult--> ingest
+    beat --ScenarioMessage (a ProbeMessage + steps)--> probes.<region> --ScenarioPayload--> ingest
 
 Every message is plain JSON (Celery's JSON serializer). Producers build the TypedDicts below, so
 mypy checks them, and hand the `*_to_json` form to `monitor.tasks`; consumers read a message only
@@ -25,6 +26,7 @@ from typing import Any, TypedDict, Union, cast, get_args, get_origin, get_type_h
 # Celery task names (stable: messages already queued and beat's schedule name them).
 RUN_PROBE_BATCH = "monitor.tasks.run_probe_batch"
 RUN_RACE = "monitor.tasks.run_race"
+RUN_SCENARIO = "monitor.tasks.run_scenario"
 INGEST_QUEUE = "ingest"
 
 JsonObject = dict[str, Any]
@@ -110,6 +112,27 @@ class RaceMessage(TypedDict):
     timeout_s: float
 
 
+class ScenarioStepSpec(TypedDict):
+    """One step of a scenario (monitor.models.ScenarioStep; probes.scenario.Step)."""
+
+    kind: str  # "sequential" | "fan-out"
+    fan_out: int
+    prompt: str  # {previous}, {step}, {branch}; the eval case's input already in
+    input_tokens: int
+    max_tokens: int  # the route's token limit for this step
+    carry_context: bool
+    timeout_s: float | None
+
+
+class ScenarioMessage(TypedDict):
+    """One scenario slot: `probe` says where and how (slot, provider, model, options, eval
+    case for the validation, request settings; its prompts are unused), `steps` what."""
+
+    probe: ProbeMessage
+    steps: list[ScenarioStepSpec]
+    timeout_s: float  # the whole scenario's deadline
+
+
 # --- region worker -> ingest ----------------------------------------------------------------
 
 
@@ -160,6 +183,8 @@ class ResultPayload(_ResultKeys, total=False):
     ratelimit_remaining_tokens: int | None
     retry_after_s: float | None
     text: str
+    # Demo history (monitor.demo_history); ingest clears it on results from region workers.
+    generated: bool
 
 
 class LaneResult(TypedDict):
@@ -178,6 +203,24 @@ class RaceResult(TypedDict):
     winner_route_id: str | None
     winner_ms: float | None
     lanes: dict[str, LaneResult]
+
+
+class ScenarioPayload(TypedDict):
+    """One scenario's result; `calls` are its calls' results (slot_at null, `step` set)."""
+
+    slot: SlotKey
+    started_at: str
+    outcome: str
+    error_kind: str
+    error_detail: str
+    failed_step: int | None
+    app_e2e_ms: float | None
+    calls_e2e_ms: float | None
+    gaps_ms: list[float]
+    validation_ms: float | None
+    validation_pass: bool | None
+    eval_case_id: int | None
+    calls: list[ResultPayload]
 
 
 # --- what the scheduler hands to monitor.tasks ------------------------------------------------
@@ -250,6 +293,18 @@ def results_to_json(results: list[ResultPayload]) -> list[JsonObject]:
 
 def race_result_to_json(result: RaceResult) -> JsonObject:
     return dict(result)
+
+
+def scenario_message_to_json(message: ScenarioMessage) -> JsonObject:
+    return {
+        **message,
+        "probe": dict(message["probe"]),
+        "steps": [dict(s) for s in message["steps"]],
+    }
+
+
+def scenario_payload_to_json(payload: ScenarioPayload) -> JsonObject:
+    return {**payload, "calls": [dict(c) for c in payload["calls"]]}
 
 
 # --- from JSON (consumers) ------------------------------------------------------------------
@@ -330,6 +385,19 @@ def race_result_from_json(data: object) -> RaceResult:
     }
     _check(result, RaceResult, "race result")
     return cast(RaceResult, result)
+
+
+def scenario_message_from_json(data: object) -> ScenarioMessage:
+    obj = _object(data, "scenario")
+    message = {**obj, "probe": probe_message_from_json(obj.get("probe"), "scenario.probe")}
+    _check(message, ScenarioMessage, "scenario")
+    return cast(ScenarioMessage, message)
+
+
+def scenario_payload_from_json(data: object) -> ScenarioPayload:
+    obj = _object(data, "scenario result")
+    _check(obj, ScenarioPayload, "scenario result")
+    return cast(ScenarioPayload, obj)
 
 
 # --- the checker: a JSON value against a TypedDict's annotations ------------------------------

@@ -30,7 +30,7 @@ DEAD_LETTER_KEY = "routewatch:dead-letters"
 _PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")
 _UNACKED_KEY = "unacked"
 
-DeadLetterKind = Literal["results", "race"]
+DeadLetterKind = Literal["results", "race", "scenario"]
 
 
 class DeadLetter(TypedDict):
@@ -41,9 +41,14 @@ class DeadLetter(TypedDict):
     body: object  # the ingest task's argument, as it was sent
 
 
-@cache
 def client() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=5)
+    """The broker's Redis (one client per URL, so a changed REDIS_URL is followed)."""
+    return _client(settings.REDIS_URL)
+
+
+@cache
+def _client(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
 
 
 def depths(queues: Iterable[str]) -> dict[str, int]:
@@ -110,7 +115,7 @@ def replay_dead_letters(limit: int | None = None) -> tuple[int, int]:
     # Imported here: the status page reads depths without loading ingest's column checks.
     from django.db import InterfaceError, OperationalError
 
-    from monitor.pipeline import ingest, races
+    from monitor.pipeline import ingest, races, scenarios
 
     replayed = stored = 0
     while limit is None or replayed < limit:
@@ -120,7 +125,9 @@ def replay_dead_letters(limit: int | None = None) -> tuple[int, int]:
         try:
             # Parked as they came: signed by their region (older letters: plain results).
             signed = isinstance(letter["body"], dict) and "kid" in letter["body"]
-            if letter["kind"] == "race":
+            if letter["kind"] == "scenario":
+                stored += int(scenarios.ingest_signed(letter["body"]))
+            elif letter["kind"] == "race":
                 stored += int(
                     races.ingest_signed(letter["body"]) if signed else races.ingest(letter["body"])
                 )

@@ -22,7 +22,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from monitor.models import EvalCase, ProbeSlot, Region, Route, Task
-from monitor.pipeline import ingest, races
+from monitor.pipeline import ingest, races, scenarios
 from monitor.pipeline.messages import (
     RUN_PROBE_BATCH,
     Dispatch,
@@ -83,7 +83,9 @@ def due_slots(now: datetime, committed: dict[int, Decimal] | None = None) -> lis
     late to send (slots.in_time) cost nothing: `plan` records them missed unsent."""
     if committed is None:
         committed = spend.committed_by_task(now)
-    tasks = Task.objects.filter(is_active=True).prefetch_related("routes__provider", "regions")
+    tasks = Task.objects.filter(is_active=True).prefetch_related(
+        "routes__provider", "regions", "steps"
+    )
     latest = latest_slots()
     slots: list[Slot] = []
     for task in tasks:
@@ -169,8 +171,13 @@ def plan(now: datetime | None = None) -> list[Dispatch]:
         )
     cases = active_eval_cases()
     by_region: dict[Region, list[Slot]] = defaultdict(list)
+    scenario_slots = []
     for slot in claimed:
-        if in_time(slot.slot_at, now):
+        if not in_time(slot.slot_at, now):
+            continue
+        if slot.task.is_scenario:  # a whole application run each (monitor.pipeline.scenarios)
+            scenario_slots.append(slot)
+        else:
             by_region[slot.region].append(slot)
     dispatches = []
     for region, slots in by_region.items():
@@ -189,4 +196,5 @@ def plan(now: datetime | None = None) -> list[Dispatch]:
                 tally=len(slots),
             )
         )
+    dispatches += scenarios.dispatches(scenario_slots, cases, now)
     return dispatches + races.plan(now, committed, cases)

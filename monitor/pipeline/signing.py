@@ -57,6 +57,8 @@ KIND_BATCH = "batch"
 KIND_RACE = "race"
 KIND_RESULTS = "results"
 KIND_RACE_RESULT = "race-result"
+KIND_SCENARIO = "scenario"
+KIND_SCENARIO_RESULT = "scenario-result"
 # How far a sender's clock may run ahead of ours.
 CLOCK_SKEW_S = 30.0
 # Prefix of a provider secret re-encrypted for one region: "rwr1.<key id>.<Fernet token>".
@@ -192,6 +194,8 @@ def probe_messages(kind: str, body: Any) -> Iterator[dict[str, Any]]:
         yield from (p for p in body["probes"] if isinstance(p, dict))
     elif kind == KIND_RACE and isinstance(body, dict) and isinstance(body.get("lanes"), dict):
         yield from (p for p in body["lanes"].values() if isinstance(p, dict))
+    elif kind == KIND_SCENARIO and isinstance(body, dict) and isinstance(body.get("probe"), dict):
+        yield body["probe"]
 
 
 def wrap_secret(key: RegionSecret, token: str, url: str) -> str:

@@ -30,7 +30,7 @@ from django.conf import settings
 
 log = logging.getLogger(__name__)
 
-SpoolKind = Literal["results", "race"]
+SpoolKind = Literal["results", "race", "scenario"]
 _SUFFIX = ".json"
 _CLAIMED = ".claimed-"
 _DROPPED_FILE = "dropped-results.count"

@@ -54,6 +54,9 @@ class ResultRow(NamedTuple):
     input_tokens: int | None
     output_tokens: int | None
     cost_usd: Decimal | None
+    # A scenario's result (monitor.pipeline.scenarios) folds in as one row with its app e2e;
+    # probe results have none (ingest reads the columns above only).
+    app_e2e_ms: float | None = None
 
 
 def bucket_start(when: datetime, grain: str) -> datetime:
@@ -98,6 +101,7 @@ class _Delta(Counters):
     ref_ttft: list[float] = field(default_factory=list)
     ref_ttfat: list[float] = field(default_factory=list)
     ref_e2e: list[float] = field(default_factory=list)
+    app_e2e: list[float] = field(default_factory=list)
     last_probe_at: datetime | None = None
     last_ok_at: datetime | None = None
 
@@ -115,6 +119,8 @@ class _Delta(Counters):
                         ref_into.append(value)
             if r.tps is not None:
                 self.tps.append(r.tps)
+            if r.app_e2e_ms is not None:
+                self.app_e2e.append(r.app_e2e_ms)
             if self.last_ok_at is None or r.started_at > self.last_ok_at:
                 self.last_ok_at = r.started_at
         elif r.outcome == OUTCOME_MISSED:
@@ -149,6 +155,7 @@ _HISTOGRAMS = (
     "ref_ttft_hist",
     "ref_ttfat_hist",
     "ref_e2e_hist",
+    "app_e2e_hist",
 )
 _LATEST = ("last_probe_at", "last_ok_at")
 _COLUMNS = ", ".join((*_KEY_COLUMNS, *COUNTERS, "error_kinds", *_HISTOGRAMS, *_LATEST))
@@ -231,6 +238,7 @@ def _upsert(deltas: dict[Key, _Delta]) -> int:
                 hist.build(d.ref_ttft, hist.MS),
                 hist.build(d.ref_ttfat, hist.MS),
                 hist.build(d.ref_e2e, hist.MS),
+                hist.build(d.app_e2e, hist.MS),
                 d.last_probe_at,
                 d.last_ok_at,
             ]
@@ -254,6 +262,7 @@ class Stats(Counters):
     ref_ttft_counts: dict[int, int] = field(default_factory=dict)
     ref_ttfat_counts: dict[int, int] = field(default_factory=dict)
     ref_e2e_counts: dict[int, int] = field(default_factory=dict)
+    app_e2e_counts: dict[int, int] = field(default_factory=dict)
     last_probe_at: datetime | None = None
     last_ok_at: datetime | None = None
 
@@ -302,17 +311,23 @@ class Stats(Counters):
     def ttfat_ms(self, q: int) -> float | None:
         return self._percentile(self.ttfat_counts, q, hist.MS)
 
+    def app_e2e_ms(self, q: int) -> float | None:
+        return self._percentile(self.app_e2e_counts, q, hist.MS)
+
     def counts_for(self, name: str, *, reference: bool = False) -> dict[int, int]:
         """The histogram behind a latency metric (e2e_p50, ttft_p95, ttfat_p50, ...): all
-        probes, or the reference option set's only (what ranks routes)."""
-        kind, _, _ = name.partition("_p")
+        probes, or the reference option set's only (what ranks routes). Scenarios always
+        run the reference options: app_e2e has one histogram."""
+        kind, _, _ = name.rpartition("_p")
+        if kind == "app_e2e":
+            return self.app_e2e_counts
         if kind not in ("e2e", "ttft", "ttfat"):
             raise ValueError(f"unknown latency metric {name!r}")
         return getattr(self, f"{'ref_' if reference else ''}{kind}_counts")  # type: ignore[no-any-return]
 
     def metric(self, name: str, *, reference: bool = False) -> float | None:
         """A latency metric by name: e2e_p50, ttft_p95, ttfat_p95, ..."""
-        q = int(name.partition("_p")[2])
+        q = int(name.rpartition("_p")[2])
         return self._percentile(self.counts_for(name, reference=reference), q, hist.MS)
 
     def add_row(self, row: Rollup) -> None:

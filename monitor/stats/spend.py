@@ -22,6 +22,7 @@ from monitor.models import (
     GRAIN_DAY,
     SLOT_DISPATCHED,
     SLOT_DONE,
+    STEP_FAN_OUT,
     ProbeSlot,
     RaceRun,
     Rollup,
@@ -38,8 +39,25 @@ def month_start(now: datetime) -> datetime:
 
 def probe_estimate_usd(task: Task, route: Route) -> Decimal:
     """The most one probe of this route can cost for this task: the prompt at its target size
-    and the whole token limit sent (route.token_limit) as output."""
+    and the whole token limit sent (route.token_limit) as output. A scenario task's slot is
+    every call of its steps (`scenario_estimate_usd`)."""
+    if task.is_scenario:
+        return scenario_estimate_usd(task, route)
     return route.cost_usd(task.input_tokens, route.token_limit(task.max_tokens))
+
+
+def scenario_estimate_usd(task: Task, route: Route) -> Decimal:
+    """Every call of a scenario's steps (a fan-out step is that many calls), each sent its
+    step's document, the task's prompt size and, where the step carries the conversation, the
+    earlier steps' whole answers; each answer at its whole token limit."""
+    total, carried = ZERO, 0
+    for step in task.steps.all():
+        calls = step.fan_out if step.kind == STEP_FAN_OUT else 1
+        prompt = step.input_tokens + task.input_tokens + (carried if step.carry_context else 0)
+        limit = route.token_limit(step.max_tokens)
+        total += route.cost_usd(prompt, limit) * calls
+        carried += limit * calls
+    return total
 
 
 def race_estimate_usd(task: Task, routes: Iterable[Route]) -> Decimal:

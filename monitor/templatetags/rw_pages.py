@@ -10,6 +10,7 @@ from django import template
 from django.utils.html import format_html, format_html_join
 
 from monitor.models import BUDGET_STATUSES, STATUS_UNKNOWN
+from monitor.pages.common import DemoHistory, demo_history
 from monitor.templatetags.rw import ms
 
 register = template.Library()
@@ -84,3 +85,21 @@ def chip(label: object, value: object, current: object, **params: object) -> str
         href,
         label,
     )
+
+
+@register.inclusion_tag("front/_demo_banner.html", takes_context=True)
+def demo_history_banner(context: template.Context) -> dict[str, Any]:
+    """The "includes generated demo history" banner, with its show / hide switch; nothing on
+    a database without generated history (monitor.demo_history)."""
+    request = context.get("request")
+    return {
+        "demo": demo_history(request),
+        "next": request.get_full_path() if request is not None else "/",
+        "csrf_token": context.get("csrf_token"),
+    }
+
+
+@register.simple_tag
+def generated_history() -> DemoHistory | None:
+    """For templates without a request (the digest): the generated history's span, if any."""
+    return demo_history(None)

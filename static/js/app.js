@@ -53,7 +53,7 @@
   // `skip` points, are `count` points one step apart from `start` (UTC); each point is
   // [ttft p50, p95, p99, e2e p50, p95, p99, tps p50, p95, p99, ttfat p50, p95, p99] or null
   // (no data that hour); points stored before time to first answer token end after tps.
-  var SERIES_METRICS = ["ttft_ms", "e2e_ms", "tps", "ttfat_ms"];
+  var SERIES_METRICS = ["ttft_ms", "e2e_ms", "tps", "ttfat_ms", "app_e2e_ms"];
   var QUANTILES = ["p50", "p95", "p99"];
 
   function pad2(n) { return (n < 10 ? "0" : "") + n; }
@@ -107,10 +107,15 @@
           animation: false,
           maintainAspectRatio: false,
           interaction: { mode: "index", intersect: false },
-          scales: { y: { beginAtZero: true, ticks: { callback: function (v) { return unit(v); } } } },
+          scales: {
+            // Labels are UTC (see unfold above): the axis says so.
+            x: { title: { display: true, text: packed.step === "day" ? "day (UTC)" : "hour (UTC)" } },
+            y: { beginAtZero: true, ticks: { callback: function (v) { return unit(v); } } },
+          },
           plugins: {
             tooltip: {
               callbacks: {
+                title: function (items) { return items.length ? items[0].label + " UTC" : ""; },
                 label: function (ctx) {
                   return ctx.dataset.label + ": " + (ctx.parsed.y === null ? "too few samples" : unit(ctx.parsed.y));
                 },
@@ -214,6 +219,37 @@
       };
     },
 
+    // A scenario's calls on one time axis (monitor/pages/scenario.py, waterfall): one row per
+    // call, its phases overlaid in that row.
+    scenario: function (canvas, data, c) {
+      var colours = { "to headers": "#64748b", "queue + prefill": c.near, decode: c.accent, validation: c.ok };
+      return {
+        type: "bar",
+        data: {
+          labels: data.rows,
+          datasets: data.phases.map(function (p) {
+            return { label: p.name, data: p.data, grouped: false, backgroundColor: colours[p.name] || c.muted };
+          }),
+        },
+        options: {
+          indexAxis: "y",
+          animation: false,
+          maintainAspectRatio: false,
+          scales: { x: { beginAtZero: true, ticks: { callback: function (v) { return fmtMs(v); } } } },
+          plugins: {
+            tooltip: {
+              callbacks: {
+                label: function (ctx) {
+                  var r = ctx.raw;
+                  return r ? ctx.dataset.label + ": " + fmtMs(r[0]) + " → " + fmtMs(r[1]) + " (" + fmtMs(r[1] - r[0]) + ")" : "";
+                },
+              },
+            },
+          },
+        },
+      };
+    },
+
     bars: function (canvas, data, c) {
       return {
         type: "bar",
@@ -234,6 +270,9 @@
   function drawCharts(root) {
     if (!window.Chart) return;
     var c = palette();
+    // Text and grid lines from the page's colours (light or dark, prefers-color-scheme).
+    Chart.defaults.color = cssVar("--muted", "#4b5563");
+    Chart.defaults.borderColor = cssVar("--line", "#e5e7eb");
     var canvases = (root || document).querySelectorAll("canvas[data-chart]");
     canvases.forEach(function (canvas) {
       var build = builders[canvas.dataset.chart];

@@ -95,15 +95,11 @@ def test_the_status_page_says_when_the_broker_does_not_answer(
     client: Client, world, teammate: User, settings
 ) -> None:
     # A broker URL nothing listens on (port 9, discard): a real refused connection.
-    settings.REDIS_URL = "redis://127.0.0.1:9/0"
-    queues.client.cache_clear()
-    try:
-        client.force_login(teammate)
-        page = client.get(reverse("rw-status")).content.decode()
-        assert 'id="broker-down"' in page
-        assert "routewatch_broker_up 0" in client.get(reverse("rw-metrics")).content.decode()
-    finally:
-        queues.client.cache_clear()
+    settings.REDIS_URL = "redis://127.0.0.1:9/0"  # queues.client follows the setting
+    client.force_login(teammate)
+    page = client.get(reverse("rw-status")).content.decode()
+    assert 'id="broker-down"' in page
+    assert "routewatch_broker_up 0" in client.get(reverse("rw-metrics")).content.decode()
 
 
 def test_every_page_says_why_a_capped_task_stopped(client: Client, world, teammate: User) -> None:

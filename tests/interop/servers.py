@@ -25,7 +25,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
+import httpx2
 
 from tests.support import ROOT
 
@@ -184,11 +184,11 @@ class Server:
         verify: ssl.SSLContext | bool = (
             ssl.create_default_context(cafile=self.ca) if self.ca else False
         )
-        with httpx.Client(verify=verify, timeout=2.0) as client:
+        with httpx2.Client(verify=verify, timeout=2.0) as client:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
                     raise Unavailable(f"{self.name} exited at start:\n{self.log_tail()}")
-                with contextlib.suppress(httpx.HTTPError):
+                with contextlib.suppress(httpx2.HTTPError):
                     client.get(self.origin + self.ready_path)
                     return self
                 time.sleep(0.2)

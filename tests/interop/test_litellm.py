@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 
 from probes.engine import Progress
@@ -31,7 +31,7 @@ def _raw_events(litellm: LiteLLM, path: str, body: dict[str, Any]) -> list[dict[
     """The gateway's own stream, read without the engine: the ground truth for usage."""
     headers = {"authorization": f"Bearer {LITELLM_KEY}", "anthropic-version": "2023-06-01"}
     events = []
-    with httpx.stream(
+    with httpx2.stream(
         "POST", litellm.server.origin + path, json=body, headers=headers, timeout=30
     ) as response:
         assert response.status_code == 200

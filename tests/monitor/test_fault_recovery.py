@@ -355,7 +355,9 @@ def test_database_restarted_mid_ingest_loses_nothing(sim: SimulatorProcess, stac
     task = _configure(sim)
     slots = _open_slots(task, 60)
     messages = [[_result(task, r, at)] for r, at in slots]
-    stack.ingest_worker(INGEST_RETRY_BACKOFF_MAX_S="4")
+    # Retries enough to outlast a slow restart on a busy machine (about 2.5 min at 4 s): this
+    # test is about retrying; parking after the last retry is test_..._parks_... below.
+    stack.ingest_worker(INGEST_RETRY_BACKOFF_MAX_S="4", INGEST_RETRY_MAX="40")
     assert support.wait_until(lambda: "ready" in stack.log("ingest"), 30), stack.logs()
     # A steady stream of results, one message every 0.25 s, across the restart.
     done = threading.Event()

@@ -200,6 +200,8 @@ def test_probe_results_have_only_the_indexes_their_reads_need() -> None:
         "result_one_per_slot",  # (task, route, region, slot_at): also task lookups
         "result_route_started",  # (route, started_at): also route lookups
         "result_started_brin",
+        "result_scenario_calls",  # partial: a scenario's calls only
+        "result_generated_started",  # partial: generated demo history only (empty in production)
         "monitor_proberesult_region_id_82e89292",
         "monitor_proberesult_eval_case_id_f1eec2ad",
     }

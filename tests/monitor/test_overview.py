@@ -78,3 +78,30 @@ def test_the_overview_shows_the_fastest_qualifying_route_per_region(
     assert abs(speed - 900) <= 900 * 0.03  # read back from a log-bucket histogram
     assert "stale" in us_row  # nothing probed there: never shown as healthy
     assert "no route meets the bar" in us_row
+
+
+def test_the_empty_overview_is_a_setup_checklist_with_live_status(
+    client: Client, teammate: User
+) -> None:
+    from django.utils import timezone
+
+    from monitor.models import Heartbeat, Provider, Region
+    from monitor.pipeline.ingest import region_heartbeat
+
+    client.force_login(teammate)
+    body = client.get(reverse("rw-overview")).content.decode()
+    for step in ("providers", "routes", "regions", "tasks", "eval-cases"):
+        assert f'data-step="{step}"' in body
+    assert body.count('class="todo"') == 5
+    Provider.objects.create(name="P", slug="p", base_url="https://api.example.com/v1")
+    running = Region.objects.create(name="Up", slug="up")
+    Region.objects.create(name="Down", slug="down")
+    Heartbeat.objects.create(name=region_heartbeat(running.pk), last_seen=timezone.now())
+    body = client.get(reverse("rw-overview"), headers={"HX-Request": "true"}).content.decode()
+    providers = body.split('data-step="providers"')[1].split("</li>")[0]
+    assert "done" in providers
+    assert "0 of 1 with an API key" in providers
+    regions = body.split('data-step="regions"')[1].split("</li>")[0]
+    assert "to do" in regions  # one of two regions has no running worker
+    assert "1 of 2 regions delivered results" in regions
+    assert 'href="/admin/monitor/region/"' in regions

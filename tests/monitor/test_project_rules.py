@@ -157,6 +157,13 @@ def test_stats_and_pipeline_never_import_pages_or_digest() -> None:
     assert _offending_imports("monitor.pipeline", forbidden) == []
 
 
+def test_only_the_urlconf_and_admin_import_the_read_api() -> None:
+    """The API reads the pages' snapshot; nothing below it depends on the API."""
+    for package in ("monitor.pages", "monitor.stats", "monitor.pipeline", "monitor.digest"):
+        assert _offending_imports(package, ("monitor.api",)) == []
+    assert "monitor.api.tokens" in _import_graph()["monitor.admin"]
+
+
 def test_digest_never_imports_pages() -> None:
     assert _offending_imports("monitor.digest", ("monitor.pages",)) == []
 

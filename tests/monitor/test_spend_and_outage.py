@@ -9,7 +9,7 @@ from decimal import Decimal
 
 import pytest
 
-from monitor.models import ProbeResult, ProbeSlot
+from monitor.models import STEP_FAN_OUT, ProbeResult, ProbeSlot, ScenarioStep, Task
 from monitor.pipeline import ingest, scheduling
 from monitor.pipeline.messages import RUN_PROBE_BATCH
 from monitor.stats import spend
@@ -122,3 +122,23 @@ def test_a_route_whose_next_probe_fits_is_not_reported_paused(world) -> None:
     t.monthly_spend_cap_usd = Decimal("1.00")
     t.save()
     assert spend.cap_states([t], NOW) == {}
+
+
+def test_a_scenario_slot_is_estimated_at_every_call_of_its_steps(world) -> None:
+    t, routes, _ = world
+    route = routes[0]  # $1/M input, $2/M output
+    single = spend.probe_estimate_usd(t, route)
+    assert single == Decimal("0.0014")  # 1000 in, 200 out
+    ScenarioStep.objects.create(task=t, order=0, prompt_template="a", max_tokens=100)
+    ScenarioStep.objects.create(
+        task=t,
+        order=1,
+        kind=STEP_FAN_OUT,
+        fan_out=3,
+        prompt_template="b {previous}",
+        max_tokens=50,
+    )
+    t = Task.objects.get(pk=t.pk)
+    # Step 0: 1000 in, 100 out. Step 1: three calls of 1000 + 100 carried in, 50 out each.
+    expected = (Decimal(1000) * 1 + 100 * 2 + 3 * (1100 * 1 + 50 * 2)) / Decimal(1_000_000)
+    assert spend.probe_estimate_usd(t, route) == expected

@@ -8,7 +8,7 @@ import itertools
 import json
 import ssl
 
-import httpx
+import httpx2
 import msgpack
 import pytest
 
@@ -35,7 +35,7 @@ COMBOS = list(
 
 def _truth(sim: SimulatorProcess, request_id: str) -> dict:
     context = ssl.create_default_context(cafile=str(sim.ca_pem_path))
-    return httpx.get(f"{sim.base_url}/_sim/requests/{request_id}", verify=context).json()
+    return httpx2.get(f"{sim.base_url}/_sim/requests/{request_id}", verify=context).json()
 
 
 @pytest.mark.parametrize(("fmt", "http2", "body", "cold"), COMBOS)

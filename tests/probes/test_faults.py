@@ -7,7 +7,7 @@ import socket
 import time
 import tracemalloc
 
-import httpx
+import httpx2
 import pytest
 
 from probes import ProbeSpec, probe
@@ -95,7 +95,7 @@ def test_usage_missing_is_counted_with_the_tokenizer(sim: SimulatorProcess) -> N
     result = _run(_spec(sim, "openai", "no_usage"))
     assert result.ok
     assert result.token_source == "tokenizer"
-    truth = httpx.get(f"{sim.base_url}/_sim/requests/{result.request_id}").json()
+    truth = httpx2.get(f"{sim.base_url}/_sim/requests/{result.request_id}").json()
     assert result.output_tokens == truth["output_tokens"]
     assert result.cached_tokens is None  # not reported differs from 0
 

@@ -1,13 +1,17 @@
-"""The engine's asyncio network streams keep httpcore's contract, over real sockets."""
+"""The engine's asyncio network streams keep httpcore2's contract, over real sockets."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 import time
+import traceback
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
-import httpcore
+import httpcore2
+import httpx2
 import pytest
 
 from probes.netstream import READ_HIGH_WATER, READ_SIZE, AsyncioBackend, AsyncioStream
@@ -61,7 +65,7 @@ def test_a_write_waits_until_the_kernel_has_every_byte() -> None:
         server, port = await _serve(never_reads)
         stream = await AsyncioBackend().connect_tcp("127.0.0.1", port)
         await asyncio.wait_for(stream.write(b"small"), 1)  # fits at once: no wait
-        with pytest.raises(httpcore.WriteTimeout):
+        with pytest.raises(httpcore2.WriteTimeout):
             # Far more than the socket buffers hold while the peer reads nothing.
             await stream.write(b"x" * (64 * 1024 * 1024), timeout=0.3)
         await stream.aclose()
@@ -82,7 +86,7 @@ def test_a_read_times_out_and_an_idle_connection_closed_by_the_server_is_readabl
         closing = asyncio.Event()
         server, port = await _serve(quiet_then_close)
         stream = await AsyncioBackend().connect_tcp("127.0.0.1", port)
-        with pytest.raises(httpcore.ReadTimeout):
+        with pytest.raises(httpcore2.ReadTimeout):
             await stream.read(100, timeout=0.05)
         assert stream.get_extra_info("is_readable") is False
         closing.set()
@@ -111,7 +115,7 @@ def test_tls_round_trip_and_an_untrusted_certificate(tls_sim: SimulatorProcess) 
         await stream.aclose()
 
         stream = await backend.connect_tcp("127.0.0.1", tls_sim.port)
-        with pytest.raises(httpcore.ConnectError) as failure:
+        with pytest.raises(httpcore2.ConnectError) as failure:
             await stream.start_tls(ssl.create_default_context(), server_hostname="127.0.0.1")
         assert isinstance(failure.value.__cause__, ssl.SSLError)
 
@@ -147,17 +151,63 @@ def test_a_chunk_keeps_the_time_it_arrived_not_the_time_it_was_read() -> None:
     asyncio.run(go())
 
 
-def test_the_body_is_read_below_httpx_with_its_arrival_times(sim: SimulatorProcess) -> None:
+def test_a_close_not_yet_seen_by_the_event_loop_reads_as_readable_from_the_socket() -> None:
+    """httpcore2 asks "is_readable" of an idle pooled connection before reusing it: a server's
+    close must show even before the loop has run our reader (the kernel is asked)."""
+
+    async def go() -> None:
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            port = listener.getsockname()[1]
+            stream = await AsyncioBackend().connect_tcp("127.0.0.1", port)
+            accepted, _ = listener.accept()
+            assert stream.get_extra_info("is_readable") is False
+            accepted.close()
+            time.sleep(0.05)  # not an await: the loop cannot run our reader meanwhile
+            assert isinstance(stream, AsyncioStream)
+            assert not stream._conn.eof
+            assert stream.get_extra_info("is_readable") is True
+            assert await stream.read(100) == b""
+            await stream.aclose()
+
+    asyncio.run(go())
+
+
+def test_the_body_is_read_below_httpx2_with_its_arrival_times(sim: SimulatorProcess) -> None:
     async def go() -> None:
         client = make_client(False, True, cleartext=True)
         async with client.stream("GET", f"{sim.base_url}/_sim/health") as response:
             chunks = body_chunks(response)
-            # httpcore's own stream, not httpx's aiter_raw (httpx moved it if this fails)
-            assert "httpcore" in chunks.ag_code.co_filename  # type: ignore[attr-defined]
+            # httpcore2's own stream, not httpx2's aiter_raw with its layers per chunk
+            source = Path(chunks.ag_code.co_filename)  # type: ignore[attr-defined]
+            assert source.is_relative_to(Path(httpcore2.__file__).parent)
             body = b"".join([chunk async for chunk in chunks])
             arrived = arrival_clock(response)()
+            assert isinstance(response.extensions["network_stream"], AsyncioStream)
         await client.aclose()
         assert b'"status": "ok"' in body
         assert 0 < time.perf_counter() - arrived < 5
+
+    asyncio.run(go())
+
+
+def test_the_client_connects_through_our_backend_and_raises_httpx2_errors() -> None:
+    """The network backend is the pool's (passed as network_backend=): a refused connection is
+    our backend's httpcore2.ConnectError, mapped by ProbeTransport to httpx2's, as httpx2's own
+    transport would."""
+
+    async def go() -> None:
+        with socket.socket() as probe:  # a port nobody listens on
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        client = make_client(False, True, cleartext=True)
+        try:
+            with pytest.raises(httpx2.ConnectError) as failure:
+                await client.get(f"http://127.0.0.1:{port}/")
+        finally:
+            await client.aclose()
+        assert isinstance(failure.value.__cause__, httpcore2.ConnectError)
+        assert "probes/netstream.py" in "".join(
+            traceback.format_tb(failure.value.__cause__.__traceback__)
+        )
 
     asyncio.run(go())

@@ -6,7 +6,7 @@ the real APIs' documented bytes (test_real_providers.py).
 
 from __future__ import annotations
 
-import httpx
+import httpx2
 import pytest
 
 from probes import ProbeSpec
@@ -44,7 +44,7 @@ def test_a_reasoning_route_with_max_completion_tokens_measures_streamed_speed(
     model = _hidden_reasoning_model(sim)
     result = run(_spec(sim, model, token_limit_param=MAX_COMPLETION_TOKENS))
     assert result.ok, result.error_detail
-    truth = httpx.get(f"{sim.base_url}/_sim/requests/{result.request_id}").json()
+    truth = httpx2.get(f"{sim.base_url}/_sim/requests/{result.request_id}").json()
     assert result.hidden_reasoning_tokens == truth["reasoning_tokens"] > 0
     assert result.tps_token_source == SOURCE_USAGE_MINUS_HIDDEN
     streamed = result.streamed_output_tokens
@@ -85,5 +85,5 @@ def test_anthropic_caches_only_what_cache_control_marks(sim: SimulatorProcess) -
     }
     headers = {"x-api-key": ANTHROPIC_KEY, "anthropic-version": "2023-06-01"}
     for _ in range(2):
-        reply = httpx.post(f"{sim.base_url}/claudish/v1/messages", json=body, headers=headers)
+        reply = httpx2.post(f"{sim.base_url}/claudish/v1/messages", json=body, headers=headers)
     assert reply.json()["usage"]["cache_read_input_tokens"] == 0

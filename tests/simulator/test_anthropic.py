@@ -7,7 +7,7 @@ import json
 import uuid
 
 import anthropic
-import httpx
+import httpx2
 import pytest
 
 from simulator.testing import SimulatorProcess
@@ -23,12 +23,12 @@ def _unique(text: str) -> str:
     return f"[{uuid.uuid4()}] {text}"
 
 
-def _post(sim: SimulatorProcess, **body: object) -> httpx.Response:
+def _post(sim: SimulatorProcess, **body: object) -> httpx2.Response:
     """A message request; a field given as None is left out."""
     payload = {"model": "claudish-mid", "max_tokens": 20, **body}
     payload.setdefault("messages", [{"role": "user", "content": "What is 2 * 3?"}])
     payload = {k: v for k, v in payload.items() if v is not None}
-    return httpx.post(
+    return httpx2.post(
         f"{sim.base_url}/claudish/v1/messages",
         json=payload,
         headers={"x-api-key": ANTHROPIC_KEY, "anthropic-version": "2023-06-01"},
@@ -138,7 +138,7 @@ def test_a_cache_hit_shortens_the_prefill(sim: SimulatorProcess) -> None:
     for _ in range(2):
         response = _post(sim, system=system, stream=True)
         request_id = response.headers["x-sim-request-id"]
-        truth = httpx.get(f"{sim.base_url}/_sim/requests/{request_id}").json()
+        truth = httpx2.get(f"{sim.base_url}/_sim/requests/{request_id}").json()
         ttfts.append(truth["first_token_at"] - truth["received_at"])
         assert truth["cached_tokens"] + truth["cache_creation_tokens"] <= truth["input_tokens"]
     cold, warm = ttfts
@@ -167,7 +167,7 @@ def test_more_than_four_breakpoints_are_refused(sim: SimulatorProcess) -> None:
     }
 
 
-def _events(response: httpx.Response) -> list[tuple[str, dict]]:
+def _events(response: httpx2.Response) -> list[tuple[str, dict]]:
     out, event = [], ""
     for line in response.iter_lines():
         if line.startswith("event: "):
@@ -185,7 +185,7 @@ def _stream(sim: SimulatorProcess, **body: object) -> tuple[list[tuple[str, dict
         "messages": [{"role": "user", "content": "What is 7 * 8?"}],
         **body,
     }
-    with httpx.stream(
+    with httpx2.stream(
         "POST",
         f"{sim.base_url}/claudish/v1/messages",
         json=payload,
@@ -195,7 +195,7 @@ def _stream(sim: SimulatorProcess, **body: object) -> tuple[list[tuple[str, dict
         assert response.status_code == 200, response.read()
         events = _events(response)
         request_id = response.headers["x-sim-request-id"]
-    return events, httpx.get(f"{sim.base_url}/_sim/requests/{request_id}").json()
+    return events, httpx2.get(f"{sim.base_url}/_sim/requests/{request_id}").json()
 
 
 def test_no_thinking_blocks_unless_thinking_is_enabled(sim: SimulatorProcess) -> None:
@@ -280,7 +280,7 @@ def test_a_model_without_thinking_refuses_it(sim: SimulatorProcess) -> None:
 
 
 def test_overloaded_as_http_529_and_mid_stream(sim: SimulatorProcess) -> None:
-    response = httpx.post(
+    response = httpx2.post(
         f"{sim.base_url}/claudish/v1/messages",
         json={
             "model": "claudish-mid",
@@ -298,7 +298,7 @@ def test_overloaded_as_http_529_and_mid_stream(sim: SimulatorProcess) -> None:
         "type": "error",
         "error": {"type": "overloaded_error", "message": "Overloaded"},
     }
-    with httpx.stream(
+    with httpx2.stream(
         "POST",
         f"{sim.base_url}/claudish/v1/messages",
         json={
@@ -356,7 +356,7 @@ def test_the_anthropic_sdk_with_thinking_and_cache_control(sim: SimulatorProcess
 
 
 def test_the_anthropic_version_header_is_required(sim: SimulatorProcess) -> None:
-    response = httpx.post(
+    response = httpx2.post(
         f"{sim.base_url}/claudish/v1/messages",
         json={
             "model": "claudish-mid",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-import httpx
+import httpx2
 import openai
 import pytest
 
@@ -21,7 +21,7 @@ def _url(sim: SimulatorProcess, deployment: str = "chat-deployment", query: str 
 
 
 def test_a_deployment_url_with_the_api_key_header_answers(sim: SimulatorProcess) -> None:
-    response = httpx.post(_url(sim), json=BODY, headers={"api-key": KEY})
+    response = httpx2.post(_url(sim), json=BODY, headers={"api-key": KEY})
     assert response.status_code == 200
     data = response.json()
     assert data["model"] == "gpt-4o-mini-2024-07-18"  # the deployment's model
@@ -36,7 +36,7 @@ def test_a_deployment_url_with_the_api_key_header_answers(sim: SimulatorProcess)
 
 @pytest.mark.parametrize("headers", [{}, {"authorization": f"Bearer {KEY}"}, {"api-key": "wrong"}])
 def test_only_the_api_key_header_authenticates(sim: SimulatorProcess, headers: dict) -> None:
-    response = httpx.post(_url(sim), json=BODY, headers=headers)
+    response = httpx2.post(_url(sim), json=BODY, headers=headers)
     assert response.status_code == 401
     assert response.json()["error"]["code"] == "401"
     assert "Access denied" in response.json()["error"]["message"]
@@ -46,27 +46,27 @@ def test_the_api_version_is_required_and_checked(sim: SimulatorProcess) -> None:
     # Azure answers a missing api-version with 404 "Resource not found", as if the URL
     # did not exist (MicrosoftDocs/azure-docs#114602), before it looks at the key.
     for headers in ({"api-key": KEY}, {}):
-        missing = httpx.post(_url(sim, query="x=1"), json=BODY, headers=headers)
+        missing = httpx2.post(_url(sim, query="x=1"), json=BODY, headers=headers)
         assert missing.status_code == 404
         assert missing.json() == {"error": {"code": "404", "message": "Resource not found"}}
-    malformed = httpx.post(
+    malformed = httpx2.post(
         _url(sim, query="api-version=latest"), json=BODY, headers={"api-key": KEY}
     )
     assert malformed.status_code == 400
     assert malformed.json() == {
         "error": {"code": "BadRequest", "message": "API version not supported"}
     }
-    preview = httpx.post(
+    preview = httpx2.post(
         _url(sim, query="api-version=2025-04-01-preview"), json=BODY, headers={"api-key": KEY}
     )
     assert preview.status_code == 200
 
 
 def test_unknown_deployments_and_openai_paths_are_not_found(sim: SimulatorProcess) -> None:
-    unknown = httpx.post(_url(sim, "no-such-deployment"), json=BODY, headers={"api-key": KEY})
+    unknown = httpx2.post(_url(sim, "no-such-deployment"), json=BODY, headers={"api-key": KEY})
     assert unknown.status_code == 404
     assert unknown.json()["error"]["code"] == "DeploymentNotFound"
-    openai_path = httpx.post(
+    openai_path = httpx2.post(
         f"{sim.base_url}/azuresim/v1/chat/completions?api-version={VERSION}",
         json={**BODY, "model": "chat-deployment"},
         headers={"api-key": KEY},
@@ -76,7 +76,7 @@ def test_unknown_deployments_and_openai_paths_are_not_found(sim: SimulatorProces
 
 def test_the_stream_opens_with_prompt_filter_results(sim: SimulatorProcess) -> None:
     body = {**BODY, "stream": True, "stream_options": {"include_usage": True}}
-    with httpx.stream("POST", _url(sim), json=body, headers={"api-key": KEY}) as response:
+    with httpx2.stream("POST", _url(sim), json=body, headers={"api-key": KEY}) as response:
         assert response.status_code == 200
         lines = [line for line in response.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
@@ -97,11 +97,11 @@ def test_the_stream_opens_with_prompt_filter_results(sim: SimulatorProcess) -> N
 
 
 def test_a_reasoning_deployment_refuses_max_tokens(sim: SimulatorProcess) -> None:
-    response = httpx.post(_url(sim, "reasoning-deployment"), json=BODY, headers={"api-key": KEY})
+    response = httpx2.post(_url(sim, "reasoning-deployment"), json=BODY, headers={"api-key": KEY})
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "unsupported_parameter"
     body = {"messages": BODY["messages"], "max_completion_tokens": 200}
-    ok = httpx.post(_url(sim, "reasoning-deployment"), json=body, headers={"api-key": KEY})
+    ok = httpx2.post(_url(sim, "reasoning-deployment"), json=body, headers={"api-key": KEY})
     assert ok.json()["usage"]["completion_tokens_details"]["reasoning_tokens"] == 30
 
 

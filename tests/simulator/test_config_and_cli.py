@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 
 from simulator.config import ConfigError, Profile, load, parse
@@ -158,13 +158,13 @@ def test_the_demo_shows_each_real_apis_behaviour() -> None:
 
 def test_the_demo_config_serves() -> None:
     with SimulatorProcess(CONFIGS / "demo.toml", seed=1) as demo:
-        models = httpx.get(
+        models = httpx2.get(
             f"{demo.base_url}/lyra/v1/models",
             headers={"x-api-key": "sk-sim-lyra-demo-key", "anthropic-version": "2023-06-01"},
         ).json()
         assert [m["id"] for m in models["data"]] == ["lyra-sonnet"]
         # Demo providers ignore x-sim-fault: faults there come from configured probabilities.
-        response = httpx.post(
+        response = httpx2.post(
             f"{demo.base_url}/waferscale/v1/chat/completions",
             json={
                 "model": "wafer-llama-70b",
@@ -177,7 +177,7 @@ def test_the_demo_config_serves() -> None:
             },
         )
         assert response.status_code == 200
-        refused = httpx.post(
+        refused = httpx2.post(
             f"{demo.base_url}/frontier/v1/chat/completions",
             json={
                 "model": "frontier-reasoner",
@@ -188,7 +188,7 @@ def test_the_demo_config_serves() -> None:
         )
         assert refused.status_code == 400
         assert refused.json()["error"]["param"] == "max_tokens"
-        azure = httpx.post(
+        azure = httpx2.post(
             f"{demo.base_url}/contoso/openai/deployments/contoso-gpt-4o-mini/chat/completions"
             "?api-version=2024-10-21",
             json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
@@ -202,10 +202,10 @@ def test_token_rate_limits(sim: SimulatorProcess) -> None:
     url = f"{sim.base_url}/tokenlimited/v1/messages"
     headers = {"x-api-key": "sk-test-tokenlimited-0123456789", "anthropic-version": "2023-06-01"}
     body = {"model": "tiny", "max_tokens": 600, "messages": [{"role": "user", "content": "hi"}]}
-    first = httpx.post(url, json=body, headers=headers)
+    first = httpx2.post(url, json=body, headers=headers)
     assert first.status_code == 200
     assert int(first.headers["anthropic-ratelimit-tokens-remaining"]) < 400
-    second = httpx.post(url, json=body, headers=headers)
+    second = httpx2.post(url, json=body, headers=headers)
     assert second.status_code == 429
     assert second.json()["error"]["type"] == "rate_limit_error"
     assert int(second.headers["retry-after"]) >= 1

@@ -8,7 +8,7 @@ import json
 import re
 from datetime import UTC, datetime, timedelta
 
-import httpx
+import httpx2
 import msgpack
 import pytest
 
@@ -29,7 +29,7 @@ MSGPACK_GZIP = {"content-type": "application/vnd.msgpack", "content-encoding": "
 
 
 def test_a_provider_that_takes_msgpack_reads_it(sim: SimulatorProcess) -> None:
-    response = httpx.post(
+    response = httpx2.post(
         f"{sim.base_url}/fastchip/v1/chat/completions",
         content=_packed({**OPENAI_BODY, "model": "fast-small"}),
         headers={"authorization": f"Bearer {OPENAI_KEY}", **MSGPACK_GZIP},
@@ -45,13 +45,13 @@ def test_openai_style_providers_parse_msgpack_as_json_and_refuse_it(
     auth = {"authorization": "Bearer sk-test-jsononly-0123456789"}
     for headers in (MSGPACK_GZIP, {"content-type": "application/vnd.msgpack"}):
         body = _packed(OPENAI_BODY) if "content-encoding" in headers else msgpack.packb(OPENAI_BODY)
-        response = httpx.post(url, content=body, headers={**auth, **headers})
+        response = httpx2.post(url, content=body, headers={**auth, **headers})
         assert response.status_code == 400
         error = response.json()["error"]
         assert error["type"] == "invalid_request_error"
         assert error["message"].startswith("We could not parse the JSON body of your request.")
     # gzip-compressed JSON is fine.
-    gzipped = httpx.post(
+    gzipped = httpx2.post(
         url,
         content=gzip.compress(json.dumps(OPENAI_BODY).encode()),
         headers={**auth, "content-type": "application/json", "content-encoding": "gzip"},
@@ -63,13 +63,13 @@ def test_anthropic_style_providers_refuse_msgpack_in_their_shape(sim: SimulatorP
     body = {"model": "tiny", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
     url = f"{sim.base_url}/hugeclaude/v1/messages"
     auth = {"x-api-key": "sk-test-hugeclaude-0123456789", "anthropic-version": "2023-06-01"}
-    response = httpx.post(url, content=_packed(body), headers={**auth, **MSGPACK_GZIP})
+    response = httpx2.post(url, content=_packed(body), headers={**auth, **MSGPACK_GZIP})
     assert response.status_code == 400
     error = response.json()
     assert error["type"] == "error"
     assert error["error"]["type"] == "invalid_request_error"
     assert error["error"]["message"].startswith("The request body is not valid JSON")
-    gzipped = httpx.post(
+    gzipped = httpx2.post(
         url,
         content=gzip.compress(json.dumps(body).encode()),
         headers={**auth, "content-encoding": "gzip"},
@@ -78,7 +78,7 @@ def test_anthropic_style_providers_refuse_msgpack_in_their_shape(sim: SimulatorP
 
 
 def test_bad_msgpack_is_a_400_where_msgpack_is_taken(sim: SimulatorProcess) -> None:
-    response = httpx.post(
+    response = httpx2.post(
         f"{sim.base_url}/claudish/v1/messages",
         content=b"\xc1\xc1\xc1",
         headers={
@@ -104,8 +104,8 @@ def test_openai_style_rate_limit_headers(sim: SimulatorProcess) -> None:
     url = f"{sim.base_url}/headroom/v1/chat/completions"
     headers = {"authorization": "Bearer sk-test-headroom-0123456789"}
     body = {**OPENAI_BODY, "max_tokens": 2000}
-    first = httpx.post(url, json=body, headers=headers)
-    second = httpx.post(url, json=body, headers=headers)
+    first = httpx2.post(url, json=body, headers=headers)
+    second = httpx2.post(url, json=body, headers=headers)
     assert first.status_code == second.status_code == 200
     assert not any(h.startswith("anthropic-") for h in first.headers)
     assert first.headers["x-ratelimit-limit-requests"] == "600"
@@ -132,7 +132,7 @@ def test_anthropic_style_rate_limit_headers(sim: SimulatorProcess) -> None:
         "messages": [{"role": "user", "content": "hi"}],
     }
     before = datetime.now(UTC).replace(microsecond=0)
-    response = httpx.post(
+    response = httpx2.post(
         url, json=body, headers={"x-api-key": ANTHROPIC_KEY, "anthropic-version": "2023-06-01"}
     )
     assert response.status_code == 200
@@ -172,14 +172,14 @@ def test_huge_limits_and_non_numeric_values(
     sim: SimulatorProcess, provider: str, path: str, headers: dict, body: dict
 ) -> None:
     url = f"{sim.base_url}/{provider}{path}"
-    response = httpx.post(url, json=body, headers=headers)
+    response = httpx2.post(url, json=body, headers=headers)
     assert response.status_code == 200
     limits = {k: v for k, v in response.headers.items() if "ratelimit" in k and "reset" not in k}
     assert len(limits) >= 4
     values = [int(v) for v in limits.values()]
     assert max(values) >= 10**12 - 10
     assert all(v > 2**31 - 1 for v in values)
-    inf = httpx.post(url, json=body, headers={**headers, "x-sim-fault": "ratelimit_inf"})
+    inf = httpx2.post(url, json=body, headers={**headers, "x-sim-fault": "ratelimit_inf"})
     assert inf.status_code == 200
     counts = [v for k, v in inf.headers.items() if "ratelimit" in k and "reset" not in k]
     assert counts

@@ -7,7 +7,7 @@ import socket
 import time
 
 import anthropic
-import httpx
+import httpx2
 import openai
 import pytest
 
@@ -32,7 +32,7 @@ def _request(sim: SimulatorProcess, fmt: str, fault: str = "", **body: object) -
 
 
 def _truth(sim: SimulatorProcess, request_id: str) -> dict:
-    return httpx.get(f"{sim.base_url}/_sim/requests/{request_id}").json()
+    return httpx2.get(f"{sim.base_url}/_sim/requests/{request_id}").json()
 
 
 @pytest.mark.parametrize("fmt", ["openai", "anthropic"])
@@ -48,7 +48,7 @@ def test_http_errors_come_in_each_dialects_shape(
     sim: SimulatorProcess, fmt: str, fault: str, status: int, anthropic_type: str
 ) -> None:
     url, kw = _request(sim, fmt, fault)
-    response = httpx.post(url, **kw)
+    response = httpx2.post(url, **kw)
     assert response.status_code == status
     assert response.headers["x-sim-request-id"]
     body = response.json()
@@ -126,16 +126,16 @@ def test_stream_options_can_be_rejected(sim: SimulatorProcess) -> None:
     url, kw = _request(
         sim, "openai", "reject_stream_options", stream_options={"include_usage": True}
     )
-    rejected = httpx.post(url, **kw)
+    rejected = httpx2.post(url, **kw)
     assert rejected.status_code == 400
     assert "stream_options" in rejected.json()["error"]["message"]
     url, kw = _request(sim, "openai", "reject_stream_options")
-    assert httpx.post(url, **kw).status_code == 200
+    assert httpx2.post(url, **kw).status_code == 200
 
 
 def _lines(sim: SimulatorProcess, fmt: str, fault: str, **body: object) -> list[str]:
     url, kw = _request(sim, fmt, fault, **body)
-    with httpx.stream("POST", url, timeout=10, **kw) as response:
+    with httpx2.stream("POST", url, timeout=10, **kw) as response:
         assert response.status_code == 200
         return list(response.iter_lines())
 
@@ -176,13 +176,13 @@ def test_a_truncated_stream_breaks_off_without_its_last_event(
     url, kw = _request(tls_sim, fmt, "truncated")
     seen: list[str] = []
 
-    def read_all(client: httpx.Client) -> None:
+    def read_all(client: httpx2.Client) -> None:
         with client.stream("POST", url, **kw) as response:
             seen.extend(response.iter_lines())
 
     with (
-        httpx.Client(http2=http2, verify=tls_sim.ssl_context(), timeout=10) as client,
-        pytest.raises(httpx.RemoteProtocolError),
+        httpx2.Client(http2=http2, verify=tls_sim.ssl_context(), timeout=10) as client,
+        pytest.raises(httpx2.RemoteProtocolError),
     ):
         read_all(client)
     assert sum('"content' in line or "text_delta" in line for line in seen) >= 5
@@ -191,14 +191,14 @@ def test_a_truncated_stream_breaks_off_without_its_last_event(
 
 def test_stalls_and_trickles_keep_the_connection_open(sim: SimulatorProcess) -> None:
     url, kw = _request(sim, "openai", "stall_headers")
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(url, timeout=httpx.Timeout(5, read=0.5), **kw)
+    with pytest.raises(httpx2.ReadTimeout):
+        httpx2.post(url, timeout=httpx2.Timeout(5, read=0.5), **kw)
 
     url, kw = _request(sim, "openai", "stall_mid")
     lines: list[str] = []
     with (
-        httpx.stream("POST", url, timeout=httpx.Timeout(5, read=0.5), **kw) as response,
-        pytest.raises(httpx.ReadTimeout),
+        httpx2.stream("POST", url, timeout=httpx2.Timeout(5, read=0.5), **kw) as response,
+        pytest.raises(httpx2.ReadTimeout),
     ):
         lines.extend(response.iter_lines())
     assert sum('"content":" ' in line for line in lines) == 5
@@ -209,7 +209,7 @@ def test_stalls_and_trickles_keep_the_connection_open(sim: SimulatorProcess) -> 
     url, kw = _request(sim, "anthropic", "trickle")
     started = time.monotonic()
     comments = 0
-    with httpx.stream("POST", url, timeout=5, **kw) as response:
+    with httpx2.stream("POST", url, timeout=5, **kw) as response:
         for line in response.iter_lines():
             assert "content_block_delta" not in line
             comments += line == ": keep-alive"
@@ -221,7 +221,7 @@ def test_stalls_and_trickles_keep_the_connection_open(sim: SimulatorProcess) -> 
 def test_huge_lines_and_responses_do_not_end_by_themselves(sim: SimulatorProcess) -> None:
     url, kw = _request(sim, "openai", "huge_line")
     received = 0
-    with httpx.stream("POST", url, timeout=10, **kw) as response:
+    with httpx2.stream("POST", url, timeout=10, **kw) as response:
         for chunk in response.iter_raw():
             assert b"\n" not in chunk.replace(b"\r\n", b"") or received == 0
             received += len(chunk)
@@ -231,19 +231,19 @@ def test_huge_lines_and_responses_do_not_end_by_themselves(sim: SimulatorProcess
 
     url, kw = _request(sim, "anthropic", "huge_response")
     received = 0
-    with httpx.stream("POST", url, timeout=10, **kw) as response:
+    with httpx2.stream("POST", url, timeout=10, **kw) as response:
         for chunk in response.iter_bytes():
             received += len(chunk)
             if received > 8 * 1024 * 1024:
                 break
     assert received > 8 * 1024 * 1024
     # The server noticed the client leave and is still healthy.
-    assert httpx.get(f"{sim.base_url}/_sim/health").status_code == 200
+    assert httpx2.get(f"{sim.base_url}/_sim/health").status_code == 200
 
 
 def test_faults_need_the_providers_permission_and_known_names(sim: SimulatorProcess) -> None:
     url, kw = _request(sim, "openai", "no_such_fault")
-    assert httpx.post(url, **kw).status_code == 400
+    assert httpx2.post(url, **kw).status_code == 400
 
 
 def test_a_client_that_leaves_mid_stream_frees_the_stream(sim: SimulatorProcess) -> None:
@@ -272,5 +272,5 @@ def test_a_client_that_leaves_mid_stream_frees_the_stream(sim: SimulatorProcess)
     truth = _truth(sim, request_id)
     assert truth["end_at"] is None
     assert truth["output_tokens"] < 40
-    assert httpx.get(f"{sim.base_url}/_sim/stats").json()["active_streams"] == 0
+    assert httpx2.get(f"{sim.base_url}/_sim/stats").json()["active_streams"] == 0
     assert url

@@ -8,7 +8,6 @@ import json
 import time
 
 import anthropic
-import httpx
 import httpx2
 import msgpack
 import openai
@@ -21,7 +20,7 @@ from tests.sim_fixtures import ANTHROPIC_KEY, OPENAI_KEY
 def test_h2c_with_prior_knowledge_and_http11_on_the_same_port(sim: SimulatorProcess) -> None:
     url = f"{sim.base_url}/fastchip/v1/models"
     headers = {"authorization": f"Bearer {OPENAI_KEY}"}
-    with httpx.Client(http1=False, http2=True) as client:
+    with httpx2.Client(http1=False, http2=True) as client:
         response = client.get(url, headers=headers)
         assert response.http_version == "HTTP/2"
         assert [m["id"] for m in response.json()["data"]] == [
@@ -29,17 +28,17 @@ def test_h2c_with_prior_knowledge_and_http11_on_the_same_port(sim: SimulatorProc
             "mid-think",
             "slow-large",
         ]
-    assert httpx.get(url, headers=headers).http_version == "HTTP/1.1"
+    assert httpx2.get(url, headers=headers).http_version == "HTTP/1.1"
 
 
 def test_alpn_offers_http2_only_when_asked(
     tls_sim: SimulatorProcess, http1_only_sim: SimulatorProcess
 ) -> None:
     headers = {"authorization": f"Bearer {OPENAI_KEY}"}
-    with httpx.Client(http2=True, verify=http1_only_sim.ssl_context()) as client:
+    with httpx2.Client(http2=True, verify=http1_only_sim.ssl_context()) as client:
         response = client.get(f"{http1_only_sim.base_url}/fastchip/v1/models", headers=headers)
         assert response.http_version == "HTTP/1.1"
-    with httpx.Client(http2=True, verify=tls_sim.ssl_context()) as client:
+    with httpx2.Client(http2=True, verify=tls_sim.ssl_context()) as client:
         response = client.get(f"{tls_sim.base_url}/fastchip/v1/models", headers=headers)
         assert response.http_version == "HTTP/2"
 
@@ -87,12 +86,12 @@ def test_the_sdks_stream_over_http2_with_many_streams_on_one_connection(
     versions, tokens, ids = asyncio.run(scenario())
     assert set(versions) == {"HTTP/2"}
     assert tokens == [30] * 5  # no thinking unless asked for: 30 answer tokens
-    truth = httpx.get(f"{tls_sim.base_url}/_sim/requests/{ids[0]}", verify=tls_sim.ssl_context())
+    truth = httpx2.get(f"{tls_sim.base_url}/_sim/requests/{ids[0]}", verify=tls_sim.ssl_context())
     assert truth.json()["http_version"] == "2"
 
 
 def test_keep_alive_serves_many_requests_on_one_connection(sim: SimulatorProcess) -> None:
-    with httpx.Client() as client:
+    with httpx2.Client() as client:
         ports = set()
         for _ in range(5):
             response = client.post(
@@ -119,7 +118,7 @@ def test_ground_truth_is_on_the_clients_clock(sim: SimulatorProcess) -> None:
     }
     t0 = time.perf_counter()
     arrivals = []
-    with httpx.stream(
+    with httpx2.stream(
         "POST",
         f"{sim.base_url}/fastchip/v1/chat/completions",
         json=body,
@@ -132,7 +131,7 @@ def test_ground_truth_is_on_the_clients_clock(sim: SimulatorProcess) -> None:
                 if delta.get("content") or delta.get("reasoning_content"):
                     arrivals.append(time.perf_counter())
         request_id = response.headers["x-sim-request-id"]
-    truth = httpx.get(f"{sim.base_url}/_sim/requests/{request_id}").json()
+    truth = httpx2.get(f"{sim.base_url}/_sim/requests/{request_id}").json()
     assert t0 < truth["received_at"] <= truth["headers_sent_at"] <= headers_at
     assert truth["headers_sent_at"] < truth["first_token_at"] < truth["first_answer_token_at"]
     assert truth["first_answer_token_at"] <= truth["last_token_at"] <= truth["end_at"]
@@ -159,14 +158,14 @@ def test_ground_truth_is_on_the_clients_clock(sim: SimulatorProcess) -> None:
 
 
 def test_unknown_request_ids_and_paths(sim: SimulatorProcess) -> None:
-    assert httpx.get(f"{sim.base_url}/_sim/requests/nope").status_code == 404
-    assert httpx.get(f"{sim.base_url}/nobody/v1/models").status_code == 404
-    response = httpx.get(
+    assert httpx2.get(f"{sim.base_url}/_sim/requests/nope").status_code == 404
+    assert httpx2.get(f"{sim.base_url}/nobody/v1/models").status_code == 404
+    response = httpx2.get(
         f"{sim.base_url}/fastchip/v1/embeddings", headers={"authorization": f"Bearer {OPENAI_KEY}"}
     )
     assert response.status_code == 404
     assert response.headers["x-sim-request-id"]
-    assert httpx.get(f"{sim.base_url}/_sim/health").json()["status"] == "ok"
+    assert httpx2.get(f"{sim.base_url}/_sim/health").json()["status"] == "ok"
 
 
 def test_anthropic_accepts_msgpack_gzip_and_json_counts_match(sim: SimulatorProcess) -> None:
@@ -177,10 +176,10 @@ def test_anthropic_accepts_msgpack_gzip_and_json_counts_match(sim: SimulatorProc
         "messages": [{"role": "user", "content": [{"type": "text", "text": "What is 9 * 9?"}]}],
     }
     url = f"{sim.base_url}/claudish/v1/messages"
-    as_json = httpx.post(
+    as_json = httpx2.post(
         url, json=payload, headers={"x-api-key": ANTHROPIC_KEY, "anthropic-version": "2023-06-01"}
     ).json()
-    as_msgpack = httpx.post(
+    as_msgpack = httpx2.post(
         url,
         content=gzip.compress(msgpack.packb(payload)),
         headers={
@@ -193,7 +192,7 @@ def test_anthropic_accepts_msgpack_gzip_and_json_counts_match(sim: SimulatorProc
     assert as_json["usage"] == as_msgpack["usage"]
     assert as_json["usage"]["output_tokens"] == 7
     assert as_json["stop_reason"] == "max_tokens"
-    bad = httpx.post(
+    bad = httpx2.post(
         url,
         content=b"\x00not gzip",
         headers={

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-import httpx
+import httpx2
 import openai
 import pytest
 
@@ -14,9 +14,9 @@ KEY = "sk-test-oaisim-0123456789"
 QUESTION = [{"role": "user", "content": "What is 6 * 7?"}]
 
 
-def _post(sim: SimulatorProcess, **body: object) -> httpx.Response:
+def _post(sim: SimulatorProcess, **body: object) -> httpx2.Response:
     payload = {"model": "o-think", "messages": QUESTION, **body}
-    return httpx.post(
+    return httpx2.post(
         f"{sim.base_url}/oaisim/v1/chat/completions",
         json=payload,
         headers={"authorization": f"Bearer {KEY}"},
@@ -33,7 +33,7 @@ def _stream(sim: SimulatorProcess, **body: object) -> tuple[list[dict], dict]:
         "stream_options": {"include_usage": True},
         **body,
     }
-    with httpx.stream(
+    with httpx2.stream(
         "POST",
         f"{sim.base_url}/oaisim/v1/chat/completions",
         json=payload,
@@ -45,7 +45,7 @@ def _stream(sim: SimulatorProcess, **body: object) -> tuple[list[dict], dict]:
             json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")
         ]
         request_id = response.headers["x-sim-request-id"]
-    return events, httpx.get(f"{sim.base_url}/_sim/requests/{request_id}").json()
+    return events, httpx2.get(f"{sim.base_url}/_sim/requests/{request_id}").json()
 
 
 def test_max_tokens_is_refused_with_openais_error(sim: SimulatorProcess) -> None:
@@ -220,18 +220,20 @@ def test_a_stream_cut_short_counts_the_hidden_tokens_before_it(sim: SimulatorPro
     body = {"model": "o-think", "messages": QUESTION, "stream": True}
     lines: list[str] = []
     with (
-        httpx.stream(
+        httpx2.stream(
             "POST",
             f"{sim.base_url}/oaisim/v1/chat/completions",
             json=body,
             headers={"authorization": f"Bearer {KEY}", "x-sim-fault": "stall_mid"},
-            timeout=httpx.Timeout(5, read=0.5),
+            timeout=httpx2.Timeout(5, read=0.5),
         ) as response,
-        pytest.raises(httpx.ReadTimeout),
+        pytest.raises(httpx2.ReadTimeout),
     ):
         lines.extend(response.iter_lines())
     assert sum('"content":" ' in line for line in lines) == 5
-    truth = httpx.get(f"{sim.base_url}/_sim/requests/{response.headers['x-sim-request-id']}").json()
+    truth = httpx2.get(
+        f"{sim.base_url}/_sim/requests/{response.headers['x-sim-request-id']}"
+    ).json()
     # Five answer tokens went out, after all 40 hidden reasoning tokens were generated.
     assert (truth["streamed_tokens"], truth["hidden_tokens"], truth["output_tokens"]) == (5, 40, 45)
     assert truth["end_at"] is None

@@ -7,7 +7,7 @@ import gzip
 import json
 
 import anthropic
-import httpx
+import httpx2
 import msgpack
 import openai
 import pytest
@@ -184,7 +184,7 @@ def test_msgpack_gzip_bodies_are_accepted(sim: SimulatorProcess) -> None:
             }
         )
     )
-    response = httpx.post(
+    response = httpx2.post(
         f"{sim.base_url}/fastchip/v1/chat/completions",
         content=body,
         headers={
@@ -195,7 +195,9 @@ def test_msgpack_gzip_bodies_are_accepted(sim: SimulatorProcess) -> None:
     )
     assert response.status_code == 200
     assert response.json()["usage"]["completion_tokens"] == 5
-    truth = httpx.get(f"{sim.base_url}/_sim/requests/{response.headers['x-sim-request-id']}").json()
+    truth = httpx2.get(
+        f"{sim.base_url}/_sim/requests/{response.headers['x-sim-request-id']}"
+    ).json()
     assert truth["output_tokens"] == 5
     assert json.dumps(truth)
 
@@ -204,7 +206,7 @@ def test_rate_limits_answer_429_with_retry_after(sim: SimulatorProcess) -> None:
     url = f"{sim.base_url}/limited/v1/chat/completions"
     headers = {"authorization": "Bearer sk-test-limited-0123456789"}
     body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
-    statuses = [httpx.post(url, json=body, headers=headers) for _ in range(5)]
+    statuses = [httpx2.post(url, json=body, headers=headers) for _ in range(5)]
     assert [r.status_code for r in statuses][:3] == [200, 200, 200]
     limited = statuses[-1]
     assert limited.status_code == 429

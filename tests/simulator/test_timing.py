@@ -6,7 +6,7 @@ import asyncio
 import statistics
 import time
 
-import httpx
+import httpx2
 import pytest
 
 from simulator.config import load
@@ -16,7 +16,7 @@ KEY = {"authorization": "Bearer sk-test-statsim-0123456789"}
 PROFILE = load(CONFIGS / "test.toml").providers["statsim"].models["stat-model"]
 
 
-async def _one(client: httpx.AsyncClient, url: str, prompt: str) -> tuple[float, float, dict]:
+async def _one(client: httpx2.AsyncClient, url: str, prompt: str) -> tuple[float, float, dict]:
     body = {
         "model": "stat-model",
         "messages": [{"role": "user", "content": prompt}],
@@ -43,7 +43,7 @@ def test_ttft_and_decode_rate_medians_match_the_profile(sim: SimulatorProcess) -
     url = f"{sim.base_url}/statsim/v1/chat/completions"
 
     async def run() -> list[tuple[float, float, dict]]:
-        async with httpx.AsyncClient(timeout=30) as client:
+        async with httpx2.AsyncClient(timeout=30) as client:
             out = []
             # 240 requests, 2 at a time: a client launching dozens at once would queue its own
             # sends and measure itself, not the server.
@@ -83,10 +83,10 @@ def test_a_repeated_prefix_lowers_ttft_and_reports_cached_tokens(sim: SimulatorP
             "stream": True,
             "max_tokens": 5,
         }
-        with httpx.stream("POST", url, json=body, headers=headers, timeout=30) as response:
+        with httpx2.stream("POST", url, json=body, headers=headers, timeout=30) as response:
             response.read()
             truths.append(
-                httpx.get(
+                httpx2.get(
                     f"{sim.base_url}/_sim/requests/{response.headers['x-sim-request-id']}"
                 ).json()
             )
@@ -101,7 +101,7 @@ def test_a_repeated_prefix_lowers_ttft_and_reports_cached_tokens(sim: SimulatorP
 def test_http2_is_negotiated_when_the_client_asks(tls_sim: SimulatorProcess) -> None:
     url = f"{tls_sim.base_url}/fastchip/v1/models"
     headers = {"authorization": "Bearer sk-test-fastchip-0123456789"}
-    with httpx.Client(http2=True, verify=tls_sim.ssl_context()) as client:
+    with httpx2.Client(http2=True, verify=tls_sim.ssl_context()) as client:
         assert client.get(url, headers=headers).http_version == "HTTP/2"
-    with httpx.Client(http2=False, verify=tls_sim.ssl_context()) as client:
+    with httpx2.Client(http2=False, verify=tls_sim.ssl_context()) as client:
         assert client.get(url, headers=headers).http_version == "HTTP/1.1"

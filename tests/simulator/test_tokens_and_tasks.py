@@ -7,7 +7,7 @@ import asyncio
 import json
 import random
 
-import httpx
+import httpx2
 import pytest
 
 from probes.tokenizer import DATA, encoding
@@ -120,7 +120,7 @@ def test_wrong_answers_are_plausible_but_wrong() -> None:
 
 
 def _final_answers(sim: SimulatorProcess, model: str, prompts: list[str]) -> list[str]:
-    async def one(client: httpx.AsyncClient, prompt: str, seed: int) -> str:
+    async def one(client: httpx2.AsyncClient, prompt: str, seed: int) -> str:
         response = await client.post(
             f"{sim.base_url}/fastchip/v1/chat/completions",
             json={
@@ -134,7 +134,7 @@ def _final_answers(sim: SimulatorProcess, model: str, prompts: list[str]) -> lis
         return text.rsplit("ANSWER: ", 1)[1]
 
     async def run() -> list[str]:
-        async with httpx.AsyncClient(timeout=30) as client:
+        async with httpx2.AsyncClient(timeout=30) as client:
             return await asyncio.gather(*(one(client, p, i) for i, p in enumerate(prompts)))
 
     return asyncio.run(run())

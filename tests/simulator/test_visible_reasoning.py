@@ -7,7 +7,7 @@ import json
 import math
 import time
 
-import httpx
+import httpx2
 import openai
 import pytest
 
@@ -25,7 +25,7 @@ def _read(sim: SimulatorProcess, model: str) -> tuple[list[tuple[float, str]], d
         "stream_options": {"include_usage": True},
     }
     lines = []
-    with httpx.stream(
+    with httpx2.stream(
         "POST",
         f"{sim.base_url}/visible/v1/chat/completions",
         json=body,
@@ -37,7 +37,7 @@ def _read(sim: SimulatorProcess, model: str) -> tuple[list[tuple[float, str]], d
             if line:
                 lines.append((time.perf_counter(), line))
         request_id = response.headers["x-sim-request-id"]
-    return lines, httpx.get(f"{sim.base_url}/_sim/requests/{request_id}").json()
+    return lines, httpx2.get(f"{sim.base_url}/_sim/requests/{request_id}").json()
 
 
 @pytest.mark.parametrize(

@@ -1,17 +1,19 @@
 from __future__ import annotations
 
 import json
+import time
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from monitor import presets
+from monitor import demo_history, presets, scenario_presets
 from monitor.models import (
     BODY_JSON,
     BODY_MSGPACK_GZIP,
+    CLASS_ASYNC,
     CLASS_BATCH,
     CLASS_INTERACTIVE,
     CONN_COLD,
@@ -31,8 +33,8 @@ from monitor.models import (
     Task,
 )
 from simulator import tasks as sim_tasks
+from simulator.config import Config, load
 from simulator.config import Provider as SimProvider
-from simulator.config import load
 
 # The api-version the simulated Azure deployments accept (a GA version of the real service).
 AZURE_API_VERSION = "2024-10-21"
@@ -68,11 +70,47 @@ class Command(BaseCommand):
             "--simulator", default="http://127.0.0.1:8100", help="simulator base URL"
         )
         parser.add_argument("--config", default=str(DEMO_CONFIG))
+        parser.add_argument(
+            "--history",
+            action="store_true",
+            help="on a database without measured results, add a week of generated demo "
+            "history (monitor.demo_history), marked as such",
+        )
+        parser.add_argument(
+            "--region-rtt",
+            action="append",
+            default=[],
+            metavar="SLUG=MS",
+            help="a demo region's round trip to the simulator, for the history (repeatable)",
+        )
 
-    @transaction.atomic
     def handle(self, *args: Any, **options: Any) -> None:
         config = load(options["config"])
-        base = options["simulator"].rstrip("/")
+        self._configure(config, options["simulator"].rstrip("/"))
+        if options["history"]:
+            rtt = {}
+            for item in options["region_rtt"]:
+                slug, _, ms = item.partition("=")
+                try:
+                    rtt[slug] = float(ms)
+                except ValueError:
+                    raise CommandError(f"--region-rtt: expected SLUG=MS, got {item!r}") from None
+            started = time.monotonic()
+            written = demo_history.generate(config, rtt_ms=rtt)
+            if written:
+                self.stdout.write(
+                    f"Demo history: {written} generated results over the last "
+                    f"{demo_history.DAYS} days, marked as generated "
+                    f"({time.monotonic() - started:.1f} s)."
+                )
+            else:
+                self.stdout.write(
+                    "Demo history not added: the database already holds results "
+                    "(measured ones, or the history itself)."
+                )
+
+    @transaction.atomic
+    def _configure(self, config: Config, base: str) -> None:
         regions = [
             Region.objects.update_or_create(slug=slug, defaults={"name": name})[0]
             for name, slug in REGIONS
@@ -157,7 +195,32 @@ class Command(BaseCommand):
                 "prefix_modes": [PREFIX_STABLE, PREFIX_FRESH],
             },
         )
-        for task in (support, summary):
+        agent, _ = Task.objects.update_or_create(
+            slug="agent-loop-10",
+            defaults={
+                "name": "Agent loop: 10 calls",
+                "description": "A scenario (the seeds' agent example): ten sequential calls "
+                "over a growing conversation on one route, then the final answer validated. "
+                "Ranked by application end-to-end time, shown beside the calculator's estimate.",
+                "system_prompt": "You are an agent that works in small steps.",
+                "user_template": "{input}",
+                "input_tokens": 2000,
+                "max_tokens": 60,
+                "latency_class": CLASS_ASYNC,
+                "latency_metric": "",
+                "probe_interval_s": 300,
+                "probe_timeout_s": 300,
+                "http_versions": [HTTP_1_1],
+                "connection_modes": [CONN_WARM],
+                "body_encodings": [BODY_JSON],
+                "prefix_modes": [PREFIX_STABLE],
+            },
+        )
+        steps = scenario_presets.apply(agent, "agent-loop")
+        # The agent's actions are short; the final answer has room for its ANSWER line.
+        steps[-1].max_tokens = 400
+        steps[-1].save(update_fields=["max_tokens"])
+        for task in (support, summary, agent):
             task.routes.set(routes)
             task.regions.set(regions)
         for q in sim_tasks.questions(10):
@@ -171,7 +234,9 @@ class Command(BaseCommand):
                     "properties": {"name": {"const": data["name"]}, "age": {"const": data["age"]}},
                     "required": ["name", "age"],
                 }
-            for task in (support, summary):
+            for task in (support, summary, agent):
+                if task is agent and q.kind != "arithmetic":
+                    continue  # the agent's last step asks the question; numbers grade simply
                 EvalCase.objects.update_or_create(
                     task=task,
                     name=q.name,
@@ -184,5 +249,5 @@ class Command(BaseCommand):
                 )
         self.stdout.write(
             f"Demo configuration: {len(config.providers)} simulated providers, {len(routes)} routes, "
-            f"{len(regions)} regions, 2 tasks."
+            f"{len(regions)} regions, 3 tasks (one a 10-call scenario)."
         )

@@ -231,7 +231,7 @@ class Migration(migrations.Migration):
     # CREATE INDEX CONCURRENTLY and VALIDATE must run outside one long transaction.
     atomic = False
 
-    dependencies = [("monitor", "0016_reliability")]
+    dependencies = [("monitor", "0018_demo_history")]
 
     operations = [
         migrations.SeparateDatabaseAndState(

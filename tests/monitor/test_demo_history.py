@@ -1,0 +1,248 @@
+"""Demo history: a fresh demo shows every page at once, plainly marked, and never on real data."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import time
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+
+from monitor import demo_history
+from monitor.management.commands.load_demo import DEMO_CONFIG
+from monitor.models import (
+    OUTCOME_OK,
+    ProbeResult,
+    RaceRun,
+    Region,
+    Rollup,
+    Route,
+    Task,
+)
+from monitor.pages.common import HIDE_GENERATED_COOKIE
+from monitor.pipeline import ingest
+from simulator.config import load
+from tests.support import unfold_series
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+RTT = {"us-east": 20.0, "eu-west": 90.0, "ap-south": 220.0}
+BANNER = "This dashboard includes generated demo history"
+
+
+def _load_demo(history: bool = True) -> str:
+    from io import StringIO
+
+    out = StringIO()
+    args = ["load_demo", "--simulator", "http://127.0.0.1:8100"]
+    if history:
+        args += ["--history", *[f"--region-rtt={k}={v}" for k, v in RTT.items()]]
+    call_command(*args, stdout=out)
+    return out.getvalue()
+
+
+@pytest.fixture
+def demo() -> float:
+    """The demo configuration and its generated week; returns the seconds it took."""
+    started = time.monotonic()
+    output = _load_demo()
+    elapsed = time.monotonic() - started
+    assert "generated results" in output
+    return elapsed
+
+
+def _pages(route: Route) -> dict[str, str]:
+    return {
+        "overview": reverse("rw-overview"),
+        "task": reverse("rw-task", args=["support-answer"]),
+        "route": reverse("rw-route", args=[route.pk]) + "?task=support-answer",
+        "regions": reverse("rw-regions"),
+        "log": reverse("rw-log"),
+        "races": reverse("rw-races") + "?task=support-answer",
+        "digest": reverse("rw-digest-preview"),
+    }
+
+
+def test_a_fresh_demo_gets_a_week_of_history_quickly_and_every_page_shows_it_marked(
+    demo: float, client: Client, teammate: User
+) -> None:
+    # Fast: seconds, not minutes (the week goes through ingest in batches).
+    # (About 50 s for the week on an idle 2-core machine; the bound leaves room for a busy one.)
+    assert demo < 150, f"generating the history took {demo:.1f} s"
+    results = ProbeResult.objects.all()
+    assert results.count() > 40_000
+    assert not results.filter(generated=False).exists()
+    first = results.order_by("started_at").first()
+    last = results.order_by("-started_at").first()
+    assert first is not None
+    assert last is not None
+    assert last.started_at - first.started_at > timedelta(days=6, hours=23)
+    # It runs up to now: the overview's winners are fresh until live probes take over.
+    assert timezone.now() - last.started_at < timedelta(minutes=15)
+    # Through the real ingest path: rollups, reference flags, races.
+    assert Rollup.objects.filter(grain="hour", region__isnull=True).count() > 1000
+    assert results.filter(reference=True).count() * 3 > results.count()
+    assert RaceRun.objects.filter(generated=True, status="done", winner__isnull=False).exists()
+    assert not RaceRun.objects.filter(generated=False).exists()
+
+    client.force_login(teammate)
+    route = Route.objects.get(model_id="wafer-llama-70b")
+    for name, url in _pages(route).items():
+        response = client.get(url)
+        assert response.status_code == 200, name
+        body = response.content.decode()
+        if name == "digest":
+            assert "Includes generated demo history" in body, name
+        else:
+            assert BANNER in body, name
+            assert "Hide generated history" in body, name
+        assert "No probes yet" not in body, name
+    overview = client.get(reverse("rw-overview")).content.decode()
+    # Winners with figures at once (a cell may have none when no route meets its bars).
+    winners = re.findall(r'<td class="route"><a href="/routes/(\d+)/', overview)
+    assert len(winners) >= 4, overview
+    log = client.get(reverse("rw-log")).content.decode()
+    assert log.count('class="tag generated"') >= 40
+    races = client.get(reverse("rw-races"), {"task": "support-answer"}).content.decode()
+    assert "No races" not in races
+    series = client.get(_pages(route)["route"]).content.decode()
+    found = re.search(
+        r'<template id="series-data"><script type="application/json">(.*?)</script>', series, re.S
+    )
+    assert found is not None
+    data = unfold_series(json.loads(found[1]))
+    assert sum(v is not None for v in data["ttft_ms"]["p50"][-25:-1]) >= 20
+
+
+def test_generated_figures_follow_the_simulators_profiles(demo: float) -> None:
+    """wafer-llama-70b at 10k input tokens, fresh prefix, no faults: TTFT = queue (lognormal,
+    median 200 ms) + 10,000 / 7,000 tok/s + the region's round trip; speed about 1,820 tok/s."""
+    profile = load(DEMO_CONFIG).providers["waferscale"].models["wafer-llama-70b"]
+    task = Task.objects.get(slug="document-summary")
+    for region in Region.objects.all():
+        rows = ProbeResult.objects.filter(
+            task=task,
+            route__model_id="wafer-llama-70b",
+            region=region,
+            prefix_mode="fresh",
+            outcome=OUTCOME_OK,
+        )
+        ttft = statistics.median(r.ttft_ms for r in rows if r.ttft_ms is not None)
+        expected = (
+            profile.queue_ms + 10_000 / profile.prefill_tokens_per_s * 1000 + RTT[region.slug]
+        )
+        assert ttft == pytest.approx(expected, rel=0.05), region.slug
+        tps = statistics.median(r.tps for r in rows if r.tps is not None)
+        assert tps == pytest.approx(profile.decode_tokens_per_s, rel=0.03)
+    # The reasoning model: its first answer token comes after its hidden reasoning.
+    frontier = ProbeResult.objects.filter(
+        route__model_id="frontier-reasoner", outcome=OUTCOME_OK, ttfat_ms__isnull=False
+    ).first()
+    assert frontier is not None
+    assert frontier.ttfat_ms is not None
+    assert frontier.ttfat_ms > 2800 / 60 * 1000 * 0.7
+    # Faults at their configured rates show as errors of the engine's kinds.
+    errors = ProbeResult.objects.filter(route__model_id="frontier-reasoner", outcome="error")
+    kinds = set(errors.values_list("error_kind", flat=True))
+    assert kinds <= {"http_5xx", "stream_error"}
+    assert kinds
+
+
+def test_it_is_added_once(demo: float) -> None:
+    before = ProbeResult.objects.count()
+    output = _load_demo()
+    assert "Demo history not added" in output
+    assert ProbeResult.objects.count() == before
+
+
+def test_it_is_never_added_to_a_database_with_measured_results(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    _load_demo(history=False)
+    task = Task.objects.get(slug="support-answer")
+    route = task.routes.first()
+    region = task.regions.first()
+    assert route is not None
+    assert region is not None
+    now = timezone.now()
+    ingest.ingest(
+        [
+            {
+                "task_id": task.pk,
+                "route_id": route.pk,
+                "region_id": region.pk,
+                "slot_at": None,
+                "started_at": now.isoformat(),
+                "outcome": OUTCOME_OK,
+                "ttft_ms": 300.0,
+                "e2e_ms": 900.0,
+            }
+        ]
+    )
+    with caplog.at_level("INFO", logger="monitor.demo_history"):
+        output = _load_demo()
+    assert "Demo history not added" in output
+    assert "the database holds measured results" in caplog.text
+    assert ProbeResult.objects.count() == 1
+    assert not RaceRun.objects.exists()
+
+
+def test_hiding_it_leaves_only_measured_results_on_the_pages(
+    demo: float, client: Client, teammate: User
+) -> None:
+    client.force_login(teammate)
+    response = client.post(reverse("rw-demo-history"), {"hide": "1", "next": reverse("rw-log")})
+    assert response.status_code == 302
+    assert response["Location"] == reverse("rw-log")
+    assert client.cookies[HIDE_GENERATED_COOKIE].value == "1"
+    log = client.get(reverse("rw-log")).content.decode()
+    assert "Generated demo history hidden" in log
+    assert 'class="tag generated"' not in log
+    overview = client.get(reverse("rw-overview")).content.decode()
+    assert '<td class="route"><a href="/routes/' not in overview  # nothing measured yet
+    races = client.get(reverse("rw-races")).content.decode()
+    assert "Generated demo history hidden" in races
+    # An outside address is never a redirect target; showing it again drops the cookie.
+    response = client.post(reverse("rw-demo-history"), {"next": "https://evil.example/"})
+    assert response["Location"] == "/"
+    assert BANNER in client.get(reverse("rw-log")).content.decode()
+
+
+def test_a_region_worker_cannot_mark_its_results_generated(demo: float) -> None:
+    """Over the broker (from_region), `generated` is cleared: a measurement stays one."""
+    from monitor.models import ProbeSlot
+
+    task = Task.objects.get(slug="support-answer")
+    route = task.routes.first()
+    region = task.regions.first()
+    assert route is not None
+    assert region is not None
+    now = timezone.now()
+    ProbeSlot.objects.create(
+        task=task, route=route, region=region, slot_at=now, deadline_at=now + timedelta(minutes=5)
+    )
+    written = ingest.ingest(
+        [
+            {
+                "task_id": task.pk,
+                "route_id": route.pk,
+                "region_id": region.pk,
+                "slot_at": now.isoformat(),
+                "started_at": now.isoformat(),
+                "outcome": OUTCOME_OK,
+                "ttft_ms": 300.0,
+                "generated": True,
+            }
+        ],
+        from_region=region.pk,
+    )
+    assert written == 1
+    assert ProbeResult.objects.get(slot_at=now).generated is False
+    assert demo_history.has_real_data()

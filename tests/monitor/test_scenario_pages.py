@@ -1,0 +1,187 @@
+"""Scenario results as ingest stores them, read back: the ranking by app e2e, the route page
+(app e2e, calculator estimate, median waterfall), /metrics, and the admin's presets."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+from django.utils import timezone
+
+from monitor import scenario_presets
+from monitor.models import (
+    METRIC_APP_E2E_P50,
+    METRIC_APP_E2E_P95,
+    ProbeResult,
+    ProbeSlot,
+    Route,
+    ScenarioResult,
+    Task,
+)
+from monitor.pipeline import scenarios
+from monitor.stats import rollups, selection
+from tests.monitor import factories as f
+
+pytestmark = pytest.mark.django_db
+
+
+def _payload(t: Task, r: Route, region_id: int, at: Any, app_ms: float, n: int) -> dict[str, Any]:
+    ProbeSlot.objects.create(
+        task=t, route=r, region_id=region_id, slot_at=at, deadline_at=at + timedelta(minutes=5)
+    )
+    per_call = app_ms / n - 10
+    calls = [
+        {
+            "task_id": t.pk,
+            "route_id": r.pk,
+            "region_id": region_id,
+            "slot_at": None,
+            "started_at": (at + timedelta(milliseconds=i * app_ms / n)).isoformat(),
+            "outcome": "ok",
+            "ttfb_ms": 5.0,
+            "ttft_ms": 100.0,
+            "e2e_ms": per_call,
+            "tps": 100.0,
+            "output_tokens": 20,
+            "input_tokens": 1000,
+            "cached_tokens": 0 if i == 0 else 768,
+            "step": i,
+        }
+        for i in range(n)
+    ]
+    return {
+        "slot": {
+            "task_id": t.pk,
+            "route_id": r.pk,
+            "region_id": region_id,
+            "slot_at": at.isoformat(),
+        },
+        "started_at": at.isoformat(),
+        "outcome": "ok",
+        "error_kind": "",
+        "error_detail": "",
+        "failed_step": None,
+        "app_e2e_ms": app_ms,
+        "calls_e2e_ms": per_call * n,
+        "gaps_ms": [10.0] * n,
+        "validation_ms": 0.5,
+        "validation_pass": True,
+        "eval_case_id": None,
+        "calls": calls,
+    }
+
+
+@pytest.fixture
+def world() -> tuple[Task, list[Route], Any]:
+    p = f.provider("fastchip")
+    fast, slow = f.route(p, "fast-small"), f.route(p, "slow-large")
+    region = f.region("eu")
+    t = f.task("agent", [fast, slow], [region], latency_metric="", latency_class="async")
+    scenario_presets.apply(t, "agent-loop")
+    now = timezone.now().replace(second=0, microsecond=0)
+    # The slow route's scenarios take twice as long.
+    for i in range(8):
+        at = now - timedelta(minutes=10 * (i + 1))
+        scenarios.ingest_scenario(_payload(t, fast, region.pk, at, 2000.0 + i, 10))
+        scenarios.ingest_scenario(_payload(t, slow, region.pk, at, 4000.0 + i, 10))
+    return t, [fast, slow], region
+
+
+def test_a_scenario_task_ranks_its_routes_by_app_e2e(world) -> None:
+    t, (fast, slow), region = world
+    assert t.is_scenario
+    assert t.ranking_metric() == METRIC_APP_E2E_P50
+    t.latency_class = "interactive"
+    assert t.ranking_metric() == METRIC_APP_E2E_P95
+    t.latency_class = "async"
+    now = timezone.now()
+    window = selection.Window.read(now - timedelta(days=1), now + timedelta(hours=1), [t.pk])
+    routes = [fast, slow]
+    choice = selection.choose(
+        t, routes, window.latency(t, routes, region), window.quality(t, routes), now=now
+    )
+    assert choice.metric == METRIC_APP_E2E_P50
+    assert choice.winner is not None
+    assert choice.winner.route == fast
+    assert choice.winner.metric_ms is not None
+    assert 1900 < choice.winner.metric_ms < 2100
+
+
+def test_ingest_keeps_one_result_per_slot_with_its_calls(world) -> None:
+    t, (fast, _), region = world
+    first = ScenarioResult.objects.filter(route=fast).order_by("slot_at").first()
+    assert first is not None
+    assert first.calls.count() == 10
+    assert first.input_tokens == 10_000
+    assert first.cached_tokens == 9 * 768
+    # A redelivered result changes nothing: its slot is closed.
+    again = _payload(t, fast, region.pk, first.slot_at - timedelta(days=1), 1.0, 1)
+    again["slot"]["slot_at"] = first.slot_at.isoformat()
+    assert scenarios.ingest_scenario(again) is None
+    assert ScenarioResult.objects.filter(route=fast).count() == 8
+    assert ProbeResult.objects.filter(route=fast).count() == 80
+    stats = rollups.stats_by(
+        rollups.rows(
+            since=timezone.now() - timedelta(days=1),
+            until=timezone.now() + timedelta(hours=1),
+            grain="hour",
+            all_regions=True,
+        ).filter(route=fast),
+        ["route_id"],
+    )[(fast.pk,)]
+    assert stats.count_ok == 8
+    assert stats.passed == 8
+
+
+def test_the_route_page_shows_app_e2e_beside_the_calculator_and_the_median_waterfall(
+    world, teammate: User
+) -> None:
+    t, (fast, _), _region = world
+    client = Client()
+    client.force_login(teammate)
+    response = client.get(f"/routes/{fast.pk}/?task={t.slug}")
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert 'id="app-e2e"' in page
+    assert "Measured app e2e" in page
+    panel = response.context["scenario"]
+    assert panel.measured_p50_ms is not None
+    assert 1900 < panel.measured_p50_ms < 2100
+    # The calculator multiplies single-call medians: 10 steps x (100 ms + 20 tokens at 100 tok/s).
+    assert panel.estimate_ms == pytest.approx(10 * (100 + 200))
+    assert "What-if calculator" in page
+    assert panel.calculator_error == pytest.approx(panel.measured_p50_ms / 3000)
+    rows = panel.waterfall["rows"]
+    assert rows[:2] == ["step 1", "step 2"]
+    assert rows[-1] == "validation"
+    decode = next(p for p in panel.waterfall["phases"] if p["name"] == "decode")["data"]
+    assert decode[1][0] > decode[0][1]  # the second call starts after the first ends
+
+
+def test_metrics_include_app_e2e(world, settings: Any) -> None:
+    from monitor.pages import metrics
+
+    body, _ = metrics.exposition("", timezone.now())
+    text = body.decode()
+    assert "# TYPE routewatch_app_e2e_seconds histogram" in text
+    assert "routewatch_app_e2e_seconds_bucket{" in text
+
+
+def test_the_admin_presets_make_scenarios(world, owner: User) -> None:
+    t, _, _ = world
+    owner.is_staff = owner.is_superuser = True
+    owner.save()
+    client = Client()
+    client.force_login(owner)
+    response = client.post(
+        "/admin/monitor/task/",
+        {"action": "scenario_fan_out_merge", "_selected_action": [t.pk]},
+    )
+    assert response.status_code == 302
+    steps = list(t.steps.all())
+    assert [s.kind for s in steps] == ["fan-out", "sequential"]
+    assert steps[0].fan_out == 5
+    assert "{previous}" in steps[1].prompt_template
