@@ -20,8 +20,8 @@ from simulator.testing import SimulatorProcess
 from tests.monitor import factories as f
 from tests.sim_fixtures import OPENAI_KEY, sim  # noqa: F401 (fixture)
 
-BEFORE = [("monitor", "0016_reliability")]
-AFTER = [("monitor", "0017_partitioned_results")]
+BEFORE = [("monitor", "0018_demo_history")]
+AFTER = [("monitor", "0019_partitioned_results")]
 CHECKSUM = "SELECT count(*), md5(string_agg(r::text, '|' ORDER BY r.id)) FROM monitor_proberesult r"
 
 
