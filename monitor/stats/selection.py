@@ -11,8 +11,10 @@ A route qualifies when, in order:
   interval of its pass rate is at or above the bar (monitor.stats.confidence): 8 of 10 does
   not clear 80%, it might be 49%.
 - Availability: its error rate in this region, counting only failures that are the
-  provider's or the network's (probes.errors.Kind.counts_against_provider), is at or below
-  Task.error_ceiling().
+  provider's or the network's (probes.errors.Kind.counts_against_provider), is not above
+  Task.error_ceiling() with confidence (a route is out when the whole 95% Wilson interval of
+  its error rate lies above the ceiling, so a single error among a few dozen probes does not
+  throw it out for the day).
 - Working: it has succeeded recently (a route whose recent probes all failed is failing, not
   fresh).
 - Enough samples: enough successful reference probes in this region for the metric's
@@ -140,7 +142,9 @@ def availability_verdict(
         return True, "", ""
     errors = Rate(stats.provider_errors, stats.attempts)
     ceiling = task.error_ceiling()
-    if errors.point is not None and errors.point > ceiling:
+    # Above the ceiling with confidence (the whole 95% interval above it): one error in 24
+    # probes is no evidence of failing more than 2% of the time, nine in ten is.
+    if errors.point is not None and errors.low is not None and errors.low > ceiling:
         return (
             False,
             REASON_ERRORS,
