@@ -6,8 +6,9 @@
 
 When DATABASE_URL / REDIS_URL are unset, embedded PostgreSQL and Redis are started with their
 data under ./var (./var/test for the tests, so a test run never touches the demo's data).
-`run` supervises its processes: their output is prefixed with their name, Ctrl-C stops all of
-them (and the embedded servers it started), and a second `run` keeps the data.
+`run` supervises its processes: their output is prefixed with their name, one that exits is
+started again (all stop if one exits 5 times in 2 minutes), Ctrl-C stops all of them (and the
+embedded servers it started), and a second `run` keeps the data.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Child:
     env: dict[str, str] = field(default_factory=dict)  # on top of the stack's environment
     proc: subprocess.Popen[bytes] | None = None
     pump: threading.Thread | None = field(default=None, repr=False)
+    exits: list[float] = field(default_factory=list)  # monotonic times of recent exits
 
 
 def _say(message: str) -> None:
@@ -87,6 +89,49 @@ def _wait_http(url: str, timeout_s: float) -> bool:
             pass
         time.sleep(0.3)
     return False
+
+
+# A child that exits is started again, unless it exited this often within the window.
+CRASH_LOOP_EXITS = 5
+CRASH_LOOP_WINDOW_S = 120.0
+
+
+def _start_child(child: Child, env: dict[str, str]) -> None:
+    child.proc = subprocess.Popen(
+        child.argv,
+        env={**env, **child.env},
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # Ctrl-C reaches us only; we stop the children ourselves
+    )
+    child.pump = threading.Thread(target=_pump, args=(child.name, child.proc.stdout), daemon=True)
+    child.pump.start()
+
+
+def supervise(children: Sequence[Child], env: dict[str, str], stopping: threading.Event) -> int:
+    """Keep the started children running until `stopping` is set: as compose's `restart:
+    unless-stopped`, one that exits is started again (a Celery worker exits on some broker
+    failures, its Redis connection breaking mid-acknowledgement). A child that exits
+    CRASH_LOOP_EXITS times within CRASH_LOOP_WINDOW_S sets `stopping`; returns 1 then, else 0."""
+    while not stopping.is_set():
+        for child in children:
+            if child.proc is None or child.proc.poll() is None:
+                continue
+            now = time.monotonic()
+            child.exits = [t for t in child.exits if now - t < CRASH_LOOP_WINDOW_S] + [now]
+            status = child.proc.returncode
+            if len(child.exits) >= CRASH_LOOP_EXITS:
+                _say(
+                    f"{child.name} exited with status {status}, {len(child.exits)} times in "
+                    f"{CRASH_LOOP_WINDOW_S:.0f} s; stopping"
+                )
+                stopping.set()
+                return 1
+            _say(f"{child.name} exited with status {status}; starting it again")
+            _start_child(child, env)
+        stopping.wait(0.5)
+    return 0
 
 
 def _stop_children(children: Sequence[Child]) -> None:
@@ -288,32 +333,14 @@ def run(port: int) -> int:
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
     for child in children:
-        child.proc = subprocess.Popen(
-            child.argv,
-            env={**env, **child.env},
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # Ctrl-C reaches us only; we stop the children ourselves
-        )
-        child.pump = threading.Thread(
-            target=_pump, args=(child.name, child.proc.stdout), daemon=True
-        )
-        child.pump.start()
+        _start_child(child, env)
 
     url = f"http://localhost:{port}/"
     if _wait_http(f"http://127.0.0.1:{port}/healthz", 60):
         _say(f"Routewatch is up: {url}  (admin: {url}admin/)  Ctrl-C stops everything.")
     else:
         _say("the web server did not answer within 60 s; see its output above")
-    exit_code = 0
-    while not stopping.is_set():
-        for child in children:
-            if child.proc and child.proc.poll() is not None:
-                _say(f"{child.name} exited with status {child.proc.returncode}; stopping")
-                exit_code = 1
-                stopping.set()
-        stopping.wait(0.5)
+    exit_code = supervise(children, env, stopping)
     _say("stopping")
     _stop_children(children)
     embedded.stop(var_dir, stack.started)

@@ -19,7 +19,6 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError
 from django.db.models import F
 from django.utils import timezone
-from kombu.exceptions import OperationalError as BrokerError
 
 from monitor import limits, partitions
 from monitor.digest import sending
@@ -88,10 +87,12 @@ def _publish(entry: spool.SpoolEntry) -> None:
 
 def publish_or_spool(kind: spool.SpoolKind, body: object, count: int) -> bool:
     """Send results to ingest; when the broker cannot take them, keep them in the spool.
-    Returns whether they were sent now."""
+    Returns whether they were sent now. Never raises: the results are already paid for, and
+    a broker client caught mid-reconnect fails with errors of any type (kombu's Redis transport
+    raises AttributeError while its connection is being replaced), so any failure spools."""
     try:
         _publish({"kind": kind, "spooled_at": 0.0, "count": count, "body": body})
-    except (BrokerError, OSError) as exc:
+    except Exception as exc:  # any failure to publish spools (see above)
         log.warning("cannot publish %d %s to ingest (%s)", count, kind, type(exc).__name__)
         spool.save(kind, body, count)
         return False
@@ -102,7 +103,7 @@ def flush_spool() -> int:
     """Publish what the spool holds (results kept while the broker was away)."""
     try:
         return spool.drain(_publish)
-    except (BrokerError, OSError) as exc:
+    except Exception as exc:  # as publish_or_spool: the next round retries
         log.info("spooled results wait: the broker is still unavailable (%s)", type(exc).__name__)
         return 0
 
