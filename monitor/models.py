@@ -1392,6 +1392,8 @@ class ScenarioResult(models.Model):
         indexes = [
             # Route page: the median scenario of one route over the last day.
             models.Index(fields=["route", "started_at"], name="scenario_route_started"),
+            # Retention: the scenarios older than the raw results kept (ingest).
+            models.Index(fields=["slot_at"], name="scenario_slot_at"),
         ]
 
     def __str__(self) -> str:

@@ -623,6 +623,25 @@ def ingest(
 SlotKey = tuple[int, int, int, datetime]  # (task_id, route_id, region_id, slot_at)
 
 
+def take_back_missed(key: SlotKey) -> int:
+    """A slot's `missed` row goes, and leaves the rollups: its late result, measured in time,
+    replaces it (a scenario's, monitor.pipeline.scenarios; single probes do this inside
+    insert_rows). A missed row starts at its slot, so one partition is read. Must run inside a
+    transaction holding the slot's lock."""
+    task_id, route_id, region_id, slot_at = key
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"DELETE FROM {ProbeResult._meta.db_table} WHERE task_id = %s AND route_id = %s "
+            "AND region_id = %s AND slot_at = %s AND started_at = %s AND outcome = %s "
+            f"RETURNING {', '.join(_ROLLED)}",
+            [task_id, route_id, region_id, slot_at, slot_at, OUTCOME_MISSED],
+        )
+        replaced = [ResultRow(*r) for r in cursor.fetchall()]
+    if replaced:
+        rollups.retract(replaced)
+    return len(replaced)
+
+
 def record_missed(keys: Sequence[SlotKey], now: datetime, detail: str) -> int:
     """Record each slot's one result as `missed` (unless it already has one) and mark the slot
     missed; returns how many were recorded. Must run inside a transaction."""
@@ -679,4 +698,25 @@ def delete_old_results(days: int, batch: int = 20_000) -> int:
         log.info("retention dropped partitions %s", ", ".join(done.dropped))
     ProbeSlot.objects.filter(slot_at__lt=cutoff).exclude(status=SLOT_DISPATCHED).delete()
     RaceRun.objects.filter(slot_at__lt=cutoff).exclude(status=SLOT_DISPATCHED).delete()
-    return done.deleted
+    return done.deleted + _delete_old_scenarios(cutoff, batch)
+
+
+_DELETE_SCENARIOS = """
+WITH old AS (SELECT id FROM monitor_scenarioresult WHERE slot_at < %s ORDER BY slot_at LIMIT %s),
+calls AS (DELETE FROM monitor_proberesult WHERE scenario_id IN (SELECT id FROM old))
+DELETE FROM monitor_scenarioresult WHERE id IN (SELECT id FROM old)
+"""
+
+
+def _delete_old_scenarios(cutoff: datetime, batch: int) -> int:
+    """Scenario results older than the cutoff, with what is left of their calls (most went
+    with their day's partition), `batch` at a time; rollups keep their app e2e. Returns how
+    many scenarios went."""
+    deleted = 0
+    while True:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(_DELETE_SCENARIOS, [cutoff, batch])
+            n = cursor.rowcount
+        deleted += n
+        if n < batch:
+            return deleted

@@ -37,6 +37,7 @@ from monitor.models import (
     OUTCOME_OK,
     SLOT_DISPATCHED,
     SLOT_DONE,
+    SLOT_MISSED,
     STEP_FAN_OUT,
     EvalCase,
     ProbeResult,
@@ -270,13 +271,23 @@ def _open_slot(payload: ScenarioPayload, region_id: int | None, now: datetime) -
         )
         .first()
     )
-    if slot is None or slot.status != SLOT_DISPATCHED:
+    if slot is None or slot.status not in (SLOT_DISPATCHED, SLOT_MISSED):
         log.warning("rejected a scenario result: no open slot for it")
         return None
     if region_id is not None and now > slot.deadline_at:
         log.warning("rejected a scenario result: sent after its slot's deadline")
         return None
+    if slot.status == SLOT_MISSED and _ended_at(payload, now) > slot.deadline_at:
+        log.warning("rejected a scenario result: its slot was missed and it ended after")
+        return None
     return slot
+
+
+def _ended_at(payload: ScenarioPayload, default: datetime) -> datetime:
+    """When the scenario ended: its start plus its app e2e time (to the failure, for a failed
+    one; its start when it has none)."""
+    took_ms = _finite(payload["app_e2e_ms"]) or 0.0
+    return _time(payload["started_at"], default) + timedelta(milliseconds=took_ms)
 
 
 def ingest_signed(envelope: object) -> bool:
@@ -362,6 +373,10 @@ def ingest_scenario(
         scenario.cached_tokens = totals["cached_tokens"]
         scenario.cost_usd = totals["cost_usd"] or Decimal("0")
         scenario.save(update_fields=["input_tokens", "output_tokens", "cached_tokens", "cost_usd"])
+        if slot.status == SLOT_MISSED:
+            # Recorded missed while the result was on its way (broker or ingest down), but
+            # measured in time: the real result replaces the missed one, in the rollups too.
+            ingest.take_back_missed((slot.task_id, slot.route_id, slot.region_id, slot.slot_at))
         ProbeSlot.objects.filter(pk=slot.pk).update(status=SLOT_DONE)
         rollups.apply([rollup_row(scenario)])
     return scenario

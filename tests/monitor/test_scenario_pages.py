@@ -13,15 +13,17 @@ from django.utils import timezone
 
 from monitor import scenario_presets
 from monitor.models import (
+    GRAIN_HOUR,
     METRIC_APP_E2E_P50,
     METRIC_APP_E2E_P95,
     ProbeResult,
     ProbeSlot,
+    Rollup,
     Route,
     ScenarioResult,
     Task,
 )
-from monitor.pipeline import scenarios
+from monitor.pipeline import ingest, scenarios
 from monitor.stats import rollups, selection
 from tests.monitor import factories as f
 
@@ -185,3 +187,51 @@ def test_the_admin_presets_make_scenarios(world, owner: User) -> None:
     assert [s.kind for s in steps] == ["fan-out", "sequential"]
     assert steps[0].fan_out == 5
     assert "{previous}" in steps[1].prompt_template
+
+
+def test_a_late_scenario_measured_in_time_replaces_missed(world) -> None:
+    t, (fast, slow), region = world
+    at = timezone.now().replace(second=0, microsecond=0) + timedelta(minutes=1)
+    in_time = _payload(t, fast, region.pk, at, 2000.0, 10)  # deadline: 5 min after the slot
+    too_late = _payload(t, slow, region.pk, at, 2000.0, 10)
+    too_late["started_at"] = (at + timedelta(minutes=4, seconds=59)).isoformat()
+
+    def counts(route: Route) -> tuple[int, int, int]:
+        hour = Rollup.objects.get(
+            grain=GRAIN_HOUR, region=region, route=route, bucket_start=at.replace(minute=0)
+        )
+        return hour.count_ok, hour.count_missed, hour.error_kinds.get("missed", 0)
+
+    assert ingest.sweep_missed(now=at + timedelta(minutes=6)) == 2
+    ok, missed, kinds = counts(fast)
+    assert missed >= 1
+    assert kinds == missed
+    # The broker was down: it arrives after the sweep, but was sealed (and ended) in time.
+    sealed = at + timedelta(seconds=3)
+    stored = scenarios.ingest_scenario(in_time, from_region=region.pk, sealed_at=sealed)
+    assert stored is not None
+    assert stored.app_e2e_ms == 2000.0
+    assert ProbeSlot.objects.get(route=fast, slot_at=at).status == "done"
+    assert not ProbeResult.objects.filter(route=fast, slot_at=at, outcome="missed").exists()
+    assert counts(fast) == (ok + 1, missed - 1, kinds - 1)
+    # Redelivered: its slot is closed now.
+    assert scenarios.ingest_scenario(in_time, from_region=region.pk, sealed_at=sealed) is None
+    assert counts(fast) == (ok + 1, missed - 1, kinds - 1)
+    # Ended two seconds after its deadline: it proves nothing, missed stays.
+    slow_counts = counts(slow)
+    assert scenarios.ingest_scenario(too_late, from_region=region.pk, sealed_at=sealed) is None
+    assert ProbeSlot.objects.get(route=slow, slot_at=at).status == "missed"
+    assert counts(slow) == slow_counts
+
+
+def test_retention_deletes_old_scenarios_with_their_calls_and_keeps_rollups(world) -> None:
+    t, (fast, _), region = world
+    old = timezone.now().replace(second=0, microsecond=0) - timedelta(days=100)
+    assert scenarios.ingest_scenario(_payload(t, fast, region.pk, old, 2500.0, 4)) is not None
+    kept = ScenarioResult.objects.count() - 1
+    calls_kept = ProbeResult.objects.filter(scenario__isnull=False).count() - 4
+    assert ingest.delete_old_results(days=90) >= 1
+    assert ScenarioResult.objects.count() == kept
+    assert not ScenarioResult.objects.filter(slot_at__lt=timezone.now() - timedelta(days=90))
+    assert ProbeResult.objects.filter(scenario__isnull=False).count() == calls_kept
+    assert Rollup.objects.filter(route=fast, bucket_start__lt=old + timedelta(days=1)).exists()
