@@ -18,12 +18,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import connection
 from django.utils.safestring import SafeString, mark_safe
 
 from monitor.models import (
     GRAIN_HOUR,
     OUTCOME_OK,
     ROW_QUANTILES,
+    STEP_FAN_OUT,
     ProbeResult,
     Region,
     Rollup,
@@ -34,7 +36,8 @@ from monitor.models import (
 )
 from monitor.pages import whatif
 from monitor.pages.common import Range
-from monitor.stats import hist, rollups
+from monitor.stats import confidence, hist, rollups
+from monitor.stats.confidence import Estimate
 from monitor.stats.rollups import Stats
 
 RAW_WINDOW = timedelta(hours=24)
@@ -75,7 +78,7 @@ class Panel:
 
     @property
     def call_count(self) -> int:
-        return sum(s.fan_out if s.kind == "fan-out" else 1 for s in self.steps)
+        return sum(s.fan_out if s.kind == STEP_FAN_OUT else 1 for s in self.steps)
 
 
 def series(
@@ -164,6 +167,129 @@ def waterfall(median: ScenarioResult, calls: list[ProbeResult]) -> dict[str, Any
     return {"rows": rows, "phases": [{"name": k, "data": v} for k, v in phases.items()]}
 
 
+def calculator_ms(
+    task: Task, steps: list[ScenarioStep], ttft_ms: float, tps: float, output_tokens: float
+) -> float:
+    """What the what-if calculator says the scenario takes from single-call medians: each step
+    one wave (a fan-out's calls at once), TTFT plus the median output at the median speed."""
+    scenario = whatif.Scenario(
+        calls=len(steps), input_tokens=task.input_tokens, output_tokens=round(output_tokens)
+    )
+    return whatif.estimate(scenario, ttft_ms, tps).total_ms
+
+
+@dataclass(frozen=True)
+class CallMedians:
+    """The medians of a route's scenario calls over the last RAW_WINDOW."""
+
+    ttft_ms: float
+    tps: float
+    output_tokens: float
+    calls: int
+
+
+_CALL_MEDIANS = """
+SELECT route_id,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY ttft_ms),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY tps),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY output_tokens),
+       count(*)
+FROM monitor_proberesult
+WHERE task_id = %s AND scenario_id IS NOT NULL AND outcome = %s
+  AND started_at >= %s AND started_at < %s {region}
+GROUP BY route_id
+"""
+
+
+def call_medians(task: Task, region: Region | None, now: datetime) -> dict[int, CallMedians]:
+    """Per route, the medians of its scenario calls (TTFT, speed, output tokens), the
+    calculator's inputs; routes with a missing figure are left out."""
+    params: list[Any] = [task.pk, OUTCOME_OK, now - RAW_WINDOW, now + timedelta(minutes=5)]
+    where = ""
+    if region is not None:
+        where, params = "AND region_id = %s", [*params, region.pk]
+    with connection.cursor() as cursor:
+        cursor.execute(_CALL_MEDIANS.format(region=where), params)
+        rows = cursor.fetchall()
+    return {
+        route_id: CallMedians(ttft, tps, output, n)
+        for route_id, ttft, tps, output, n in rows
+        if ttft is not None and tps and output is not None
+    }
+
+
+@dataclass
+class RouteLine:
+    """One route of a scenario task: measured app e2e beside the calculator's estimate."""
+
+    route: Route
+    p50: Estimate
+    p95: Estimate
+    calls: CallMedians | None
+    estimate_ms: float | None
+
+    @property
+    def ratio(self) -> float | None:
+        """Measured p50 over the calculator's estimate (1.0: the calculator was right)."""
+        if self.p50.point is None or not self.estimate_ms:
+            return None
+        return self.p50.point / self.estimate_ms
+
+
+@dataclass
+class Summary:
+    steps: list[ScenarioStep]
+    lines: list[RouteLine]
+
+    @property
+    def call_count(self) -> int:
+        return sum(s.fan_out if s.kind == STEP_FAN_OUT else 1 for s in self.steps)
+
+    @property
+    def shape(self) -> str:
+        """The steps in words: "10 calls in sequence", "a fan-out of 5, then 1 call"."""
+        parts: list[str] = []
+        run = 0
+        for step in [*self.steps, None]:
+            if step is not None and step.kind != STEP_FAN_OUT:
+                run += 1
+                continue
+            if run:
+                parts.append("1 call" if run == 1 else f"{run} calls in sequence")
+                run = 0
+            if step is not None:
+                parts.append(f"a fan-out of {step.fan_out} parallel calls")
+        return ", then ".join(parts)
+
+
+def summary(
+    task: Task, routes: list[tuple[Route, Stats | None]], region: Region | None, now: datetime
+) -> Summary | None:
+    """The task page's scenario panel: every route's app e2e p50/p95 with intervals (the
+    window's rollups, `routes` in ranked order) and the calculator's estimate from its calls'
+    medians (the last RAW_WINDOW)."""
+    steps = list(task.steps.all())
+    if not steps:
+        return None
+    medians = call_medians(task, region, now)
+    lines = []
+    for route, stats in routes:
+        counts = stats.app_e2e_counts if stats is not None else {}
+        m = medians.get(route.pk)
+        lines.append(
+            RouteLine(
+                route=route,
+                p50=confidence.percentile(counts, 50),
+                p95=confidence.percentile(counts, 95),
+                calls=m,
+                estimate_ms=calculator_ms(task, steps, m.ttft_ms, m.tps, m.output_tokens)
+                if m
+                else None,
+            )
+        )
+    return Summary(steps=steps, lines=lines)
+
+
 def _fan(calls: list[ProbeResult], step: int) -> bool:
     return sum(1 for c in calls if c.step == step) > 1
 
@@ -201,16 +327,9 @@ def build(
         panel.call_ttft_p50_ms = statistics.median(ttfts)
         panel.call_tps_p50 = statistics.median(speeds)
         panel.call_output_p50 = statistics.median(outputs)
-        estimate = whatif.estimate(
-            whatif.Scenario(
-                calls=len(steps),
-                input_tokens=task.input_tokens,
-                output_tokens=round(panel.call_output_p50),
-            ),
-            panel.call_ttft_p50_ms,
-            panel.call_tps_p50,
+        panel.estimate_ms = calculator_ms(
+            task, steps, panel.call_ttft_p50_ms, panel.call_tps_p50, panel.call_output_p50
         )
-        panel.estimate_ms = estimate.total_ms
     panel.median = _median(route, task, region, now)
     if panel.median is not None:
         panel.calls = list(panel.median.calls.order_by("step", "started_at"))

@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypedDict
 
 from monitor.models import METRIC_E2E_P95, METRIC_TTFT_P95, Region, Route, Task, WinnerChange
+from monitor.pages import scenario as pages_scenario
 from monitor.pages import whatif as pages_whatif
 from monitor.pages.common import Range
 from monitor.pages.overview import metric_label
@@ -100,6 +101,7 @@ class TaskPage:
     whatif: pages_whatif.Form
     whatif_lines: list[pages_whatif.Line]
     winner_change: WinnerChange | None = None  # since when, and why, the winner is the winner
+    scenario: pages_scenario.Summary | None = None  # a scenario task's app e2e vs calculator
 
     @property
     def tied(self) -> list[selection.Candidate]:
@@ -200,13 +202,16 @@ def build(
     scatter = ScatterData(
         x_label=f"{metric_label(choice.metric)} (s)", y_label=y_label, bar=bar, points=points
     )
+    scenario = pages_scenario.summary(task, [(r.route, r.stats) for r in rows], region, now)
+    # A scenario task's rollups hold app e2e only: the calculator reads its calls' medians.
+    calls = {line.route.pk: line.calls for line in scenario.lines} if scenario else {}
     defaults = {k: str(v) for k, v in whatif_defaults(task).items()}
     form = pages_whatif.parse({**defaults, **{k: v for k, v in whatif_params.items() if v}})
     speeds = [
         pages_whatif.Speed(
             name=str(row.route),
-            ttft_ms=row.ttft_p50_ms,
-            tokens_per_s=row.tps_p50,
+            ttft_ms=row.ttft_p50_ms if not scenario else _or_none(calls, row, "ttft_ms"),
+            tokens_per_s=row.tps_p50 if not scenario else _or_none(calls, row, "tps"),
             price_input_per_mtok=row.route.price_input_per_mtok,
             price_output_per_mtok=row.route.price_output_per_mtok,
             route_id=row.route.pk,
@@ -227,9 +232,23 @@ def build(
         whatif=form,
         whatif_lines=lines,
         winner_change=change,
+        scenario=scenario,
     )
 
 
+def _or_none(
+    calls: dict[int, pages_scenario.CallMedians | None], row: RouteRow, name: str
+) -> float | None:
+    medians = calls.get(row.route.pk)
+    return getattr(medians, name) if medians is not None else None
+
+
 def whatif_defaults(task: Task) -> dict[str, Any]:
-    """The calculator starts from the task's own sizes."""
-    return {"calls": 10, "input": task.input_tokens, "output": task.max_tokens, "parallel": 1}
+    """The calculator starts from the task's own sizes (a scenario's: one call per step)."""
+    steps = task.steps.count()
+    return {
+        "calls": steps or 10,
+        "input": task.input_tokens,
+        "output": task.max_tokens,
+        "parallel": 1,
+    }

@@ -716,7 +716,7 @@ def _delete_old_scenarios(cutoff: datetime, batch: int) -> int:
     while True:
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(_DELETE_SCENARIOS, [cutoff, batch])
-            n = cursor.rowcount
+            n = int(cursor.rowcount)
         deleted += n
         if n < batch:
             return deleted

@@ -163,6 +163,34 @@ def test_the_route_page_shows_app_e2e_beside_the_calculator_and_the_median_water
     assert decode[1][0] > decode[0][1]  # the second call starts after the first ends
 
 
+def test_the_task_page_shows_each_routes_app_e2e_beside_the_calculator(
+    world, teammate: User
+) -> None:
+    t, (fast, slow), _region = world
+    client = Client()
+    client.force_login(teammate)
+    response = client.get(f"/tasks/{t.slug}/")
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert 'id="scenario-summary"' in page
+    assert "10 calls in sequence" in page
+    summary = response.context["page"].scenario
+    lines = {line.route: line for line in summary.lines}
+    assert [line.route for line in summary.lines] == [fast, slow]  # in ranked order
+    assert 1900 < lines[fast].p50.point < 2100
+    assert 3900 < lines[slow].p50.point < 4100
+    assert lines[fast].p50.n == 8
+    # Both routes' calls: 100 ms TTFT, 20 tokens at 100 tok/s: the calculator says 10 x 300 ms.
+    for line in lines.values():
+        assert line.estimate_ms == pytest.approx(3000)
+        assert line.ratio == pytest.approx(line.p50.point / 3000)
+    assert f'href="/routes/{fast.pk}/?task={t.slug}#scenario"' in page
+    # The what-if calculator starts from the scenario (one call per step) and its calls' medians.
+    whatif = {line.speed.route_id: line for line in response.context["page"].whatif_lines}
+    assert response.context["page"].whatif.scenario.calls == 10
+    assert whatif[fast.pk].speed.ttft_ms == pytest.approx(100)
+
+
 def test_metrics_include_app_e2e(world, settings: Any) -> None:
     from monitor.pages import metrics
 
