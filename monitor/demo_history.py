@@ -31,6 +31,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from monitor import partitions
 from monitor.models import (
     CONN_COLD,
     HTTP_2,
@@ -401,6 +402,10 @@ def generate(
                 if route.pk in sims:  # else not a simulated route: no profile to draw from
                     series.append(_Series.of(task, route, region, sims[route.pk], cases[task.pk]))
     written = 0
+    # The history's days get their partitions first (beat creates only the days ahead), so
+    # each day is written and analyzed on its own, not into the default partition.
+    for n in range(days + 1):
+        partitions.create_day(start + timedelta(days=n))
     # A day of every series at a time: each hourly rollup row is written once per batch.
     chunk = timedelta(days=1)
     at = start
@@ -412,6 +417,8 @@ def generate(
             for when in _slot_times(at, upto, s.phase, PROBE_INTERVAL_S)
         ]
         written += ingest.ingest(results_to_json(pending))
+        # Statistics for the days just written: the next day's exactly-once check reads them.
+        partitions.analyze(at, upto)
         at = upto
     # And each series' last slot on its live schedule: the figures are fresh (Task.stale_after)
     # until live probes take over, however sparse the history before it.

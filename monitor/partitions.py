@@ -120,6 +120,23 @@ def create_day(day: datetime) -> bool:
     return True
 
 
+def analyze(low: datetime, high: datetime) -> list[str]:
+    """ANALYZE the daily partitions holding [low, high) after a bulk load:
+    ingest's exactly-once check looks each row's slot up in them, and on a partition filled
+    faster than autovacuum analyzes it the planner has no statistics and may pick an index
+    that scans a route's whole day per row (3.4 s against 0.5 s for 6,000 rows). Steady
+    probing leaves this to autovacuum. Returns the partitions analyzed."""
+    names = [
+        p.name
+        for p in partitions()
+        if not p.default and (p.low is None or p.low < high) and (p.high is None or p.high > low)
+    ]
+    with connection.cursor() as cursor:
+        for name in names:
+            cursor.execute(f"ANALYZE {name}")
+    return names
+
+
 def ensure_ahead(days: int = 3, now: datetime | None = None) -> int:
     """Partitions for today and the `days` after it; returns how many were created."""
     today = day_start(now or datetime.now(UTC))

@@ -428,54 +428,117 @@ def _name(expected: Any) -> str:
 
 def _check(value: object, expected: Any, path: str) -> None:
     """Raise ContractError unless `value` (decoded JSON) has the type `expected`."""
+    _validator(expected)(value, path)
+
+
+_Validator = Callable[[object, str], None]
+
+
+def _scalar(expected: Any) -> Callable[[object], bool] | None:
+    """The test for a JSON scalar of type `expected` (None: not a scalar type)."""
+    if expected is type(None):
+        return lambda v: v is None
+    if expected is bool:
+        return lambda v: isinstance(v, bool)
+    if expected is int:
+        return lambda v: isinstance(v, int) and not isinstance(v, bool)
+    if expected is float:  # JSON does not tell 2 from 2.0
+        return lambda v: isinstance(v, int | float) and not isinstance(v, bool)
+    if expected is str:
+        return lambda v: isinstance(v, str)
+    return None
+
+
+@cache
+def _validator(expected: Any) -> _Validator:
+    """The check for `expected`, built once per type: ingest checks every result of every
+    message (a region's 2 s of results, the demo's week), so the annotations are read here
+    and not again per value."""
     if expected is Any:
-        return
+        return lambda value, path: None
+    name = _name(expected)
     origin = get_origin(expected)
     if origin in (Union, types.UnionType):
-        arms = [arm for arm in get_args(expected) if arm is not type(None)]
-        if value is None and len(arms) < len(get_args(expected)):
+        return _union(expected, name)
+    if is_typeddict(expected):
+        fields = [
+            (key, _validator(annotation), key in expected.__required_keys__)
+            for key, annotation in _hints(expected).items()  # in the order they are declared
+        ]
+
+        def check_object(value: object, path: str) -> None:
+            obj = _object(value, path)
+            for key, check, required in fields:
+                if key in obj:
+                    check(obj[key], f"{path}.{key}")
+                elif required:
+                    raise ContractError(f"{path}.{key}: missing")
+
+        return check_object
+    if origin is dict:
+        member = _validator(get_args(expected)[1])
+
+        def check_dict(value: object, path: str) -> None:
+            for key, item in _object(value, path).items():
+                member(item, f"{path}[{key[:40]!r}]")
+
+        return check_dict
+    if origin is list:
+        element = _validator(get_args(expected)[0])
+
+        def check_list(value: object, path: str) -> None:
+            if not isinstance(value, list):
+                raise ContractError(f"{path}: expected a list, got {_kind(value)}")
+            for i, item in enumerate(value):
+                element(item, f"{path}[{i}]")
+
+        return check_list
+    test = _scalar(expected)
+    if test is None:  # pragma: no cover (a contract type this checker does not know)
+        raise TypeError(f"no check for {expected!r}")
+
+    def check_scalar(value: object, path: str) -> None:
+        if not test(value):
+            raise ContractError(f"{path}: expected {name}, got {_kind(value)}")
+
+    return check_scalar
+
+
+def _union(expected: Any, name: str) -> _Validator:
+    every = get_args(expected)
+    arms = [arm for arm in every if arm is not type(None)]
+    nullable = len(arms) < len(every)
+    if len(arms) == 1 and (is_typeddict(arms[0]) or get_origin(arms[0]) in (dict, list)):
+        inner = _validator(arms[0])  # an optional object: say what inside it is wrong
+
+        def check_optional(value: object, path: str) -> None:
+            if value is None and nullable:
+                return
+            inner(value, path)
+
+        return check_optional
+    tests = [_scalar(arm) for arm in arms]
+    if all(t is not None for t in tests):  # scalars only: no exception per arm tried
+        scalar_tests = [t for t in tests if t is not None]
+
+        def check_scalars(value: object, path: str) -> None:
+            if value is None and nullable:
+                return
+            if not any(t(value) for t in scalar_tests):
+                raise ContractError(f"{path}: expected {name}, got {_kind(value)}")
+
+        return check_scalars
+    checks = [_validator(arm) for arm in arms]
+
+    def check_any(value: object, path: str) -> None:
+        if value is None and nullable:
             return
-        if len(arms) == 1 and (is_typeddict(arms[0]) or get_origin(arms[0]) in (dict, list)):
-            _check(value, arms[0], path)  # an optional object: say what inside it is wrong
-            return
-        for arm in arms:
+        for check in checks:
             try:
-                _check(value, arm, path)
+                check(value, path)
             except ContractError:
                 continue
             return
-        raise ContractError(f"{path}: expected {_name(expected)}, got {_kind(value)}")
-    if is_typeddict(expected):
-        obj = _object(value, path)
-        for key, annotation in _hints(expected).items():  # in the order they are declared
-            if key in obj:
-                _check(obj[key], annotation, f"{path}.{key}")
-            elif key in expected.__required_keys__:
-                raise ContractError(f"{path}.{key}: missing")
-        return
-    if origin is dict:
-        _, item = get_args(expected)
-        for key, member in _object(value, path).items():
-            _check(member, item, f"{path}[{key[:40]!r}]")
-        return
-    if origin is list:
-        if not isinstance(value, list):
-            raise ContractError(f"{path}: expected a list, got {_kind(value)}")
-        (item,) = get_args(expected)
-        for i, member in enumerate(value):
-            _check(member, item, f"{path}[{i}]")
-        return
-    if expected is type(None):
-        ok = value is None
-    elif expected is bool:
-        ok = isinstance(value, bool)
-    elif expected is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif expected is float:  # JSON does not tell 2 from 2.0
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-    elif expected is str:
-        ok = isinstance(value, str)
-    else:  # pragma: no cover (a contract type this checker does not know)
-        raise TypeError(f"no check for {expected!r}")
-    if not ok:
-        raise ContractError(f"{path}: expected {_name(expected)}, got {_kind(value)}")
+        raise ContractError(f"{path}: expected {name}, got {_kind(value)}")
+
+    return check_any
