@@ -81,6 +81,9 @@ try:
     PROVIDER_ALLOW_PRIVATE_NETWORKS = envbool("PROVIDER_ALLOW_PRIVATE_NETWORKS", False)
     TICK_SECONDS = envint("TICK_SECONDS", 10, minimum=1, maximum=3600)
     RAW_RETENTION_DAYS = envint("RAW_RETENTION_DAYS", 90, minimum=1)
+    # Closed slots are bookkeeping (the result rows hold the outcome): kept this long, so a
+    # late result can still find its slot, and the slot table stays a week, not 90 days.
+    SLOT_RETENTION_DAYS = envint("SLOT_RETENTION_DAYS", 7, minimum=1)
     # A slot with no result by its probe deadline plus this grace is recorded missed.
     SLOT_GRACE_SECONDS = envint("SLOT_GRACE_SECONDS", 60, minimum=1)
     CELERY_TASK_SOFT_TIME_LIMIT = envint("CELERY_TASK_SOFT_TIME_LIMIT", 300, minimum=1)

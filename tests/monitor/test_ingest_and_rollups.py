@@ -160,6 +160,29 @@ def test_retention_deletes_old_raw_rows_and_keeps_rollups(setup) -> None:
     assert sorted(RaceRun.objects.values_list("status", flat=True)) == ["dispatched", "done"]
 
 
+def test_retention_deletes_closed_slots_after_a_week_and_never_an_open_one(setup) -> None:
+    t, r1, r2, eu, _ = setup
+    now = datetime.now(UTC)
+    for route, age, status in (
+        (r1, timedelta(days=8), "done"),
+        (r1, timedelta(days=8, minutes=1), "missed"),
+        (r2, timedelta(days=8), "dispatched"),  # still open: the sweep closes it first
+        (r1, timedelta(days=6), "done"),  # inside the week: a late result can find it
+    ):
+        at = now - age
+        ProbeSlot.objects.create(
+            task=t, route=route, region=eu, slot_at=at, deadline_at=at, status=status
+        )
+    # Two per statement: the batching loop runs more than once.
+    assert ingest.delete_old_results(days=90, batch=2, slot_days=7) == 2
+    left = sorted(ProbeSlot.objects.values_list("status", flat=True))
+    assert left == ["dispatched", "done"]
+    assert ProbeSlot.objects.get(status="done").slot_at > now - timedelta(days=7)
+    # Raw results kept for fewer days than slots: slots go with them.
+    assert ingest.delete_old_results(days=5, slot_days=7) == 1
+    assert list(ProbeSlot.objects.values_list("status", flat=True)) == ["dispatched"]
+
+
 def test_the_sql_merge_of_histograms_matches_the_python_one(db: None) -> None:
     from django.db import connection
 
