@@ -85,7 +85,9 @@ def receiver() -> Iterator[Receiver]:
     genai_otlp.shutdown()
     with Receiver() as r:
         yield r
-    genai_otlp.shutdown()
+        # While the receiver still answers: an exporter shutting down exports what it has left,
+        # and against a closed port it would retry for seconds.
+        genai_otlp.shutdown()
 
 
 @pytest.fixture
