@@ -102,7 +102,8 @@ def in_flight_by_task() -> dict[int, Decimal]:
     task_ids = {r["task_id"] for r in open_slots} | {r["task_id"] for r in open_races}
     if not task_ids:
         return {}
-    tasks = Task.objects.prefetch_related("routes__provider").in_bulk(task_ids)
+    # Steps too: a scenario task estimates every call (is_scenario reads them, no query each).
+    tasks = Task.objects.prefetch_related("routes__provider", "steps").in_bulk(task_ids)
     routes = Route.objects.in_bulk({r["route_id"] for r in open_slots})
     out: dict[int, Decimal] = defaultdict(Decimal)
     for r in open_slots:
