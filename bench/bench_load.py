@@ -481,6 +481,9 @@ def run(ns: argparse.Namespace) -> int:
         rss = {name: _rss(ps) for name, ps in comps.items()}
         pages.stop.set()
         pages.join()
+        # One more tick after the window's end, so its last slots are created before beat
+        # stops (else up to a tick's worth of them counts as never created).
+        time.sleep(max(0.0, tick_s + 2 - (time.monotonic() - t0 - wall)))
         beat.stop()
         # Close the window: every slot of it done or recorded missed (the sweep runs with
         # the tick, which has stopped: run it here once its deadlines have passed).
