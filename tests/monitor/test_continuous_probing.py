@@ -191,9 +191,12 @@ def test_three_regions_three_routes_two_tasks_probe_once_per_slot(stack: Process
     assert time.time() - started < RUN_S + 80
 
 
-def _results_after(moment: float) -> int:
+def _results_after(moment: float, region: str | None = None) -> int:
     connection.close()  # the server may have restarted under us
-    return ProbeResult.objects.filter(outcome="ok", started_at__gte=_dt(moment)).count()
+    results = ProbeResult.objects.filter(outcome="ok", started_at__gte=_dt(moment))
+    if region is not None:
+        results = results.filter(region__slug=region)
+    return results.count()
 
 
 def _dt(epoch: float):
@@ -208,13 +211,16 @@ def test_probing_survives_a_killed_worker_and_restarted_redis_and_postgres(
     if os.environ.get("RW_EXTERNAL_SERVICES"):
         pytest.skip("restarts need the embedded servers")
     var_dir = Path(os.environ["RW_VAR_DIR"])
-    time.sleep(15)
-    # A region worker killed mid-batch (acks late: its messages go back to the queue).
+    # A region worker killed once it is probing (acks late: its messages go back to the
+    # queue), then started again: it probes again.
+    began = time.time()
+    assert support.wait_until(lambda: _results_after(began - 60, "r-mid") > 0, 30), stack.logs()
     stack.kill_group("r-mid")
-    time.sleep(3)
+    time.sleep(1)
     stack.restart("r-mid")
     stack.supervise("r-mid")
-    time.sleep(10)
+    restarted = time.time()
+    assert support.wait_until(lambda: _results_after(restarted, "r-mid") > 0, 30), stack.logs()
     # Redis restarted.
     embedded.stop_redis(var_dir)
     time.sleep(2)
