@@ -38,7 +38,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlsplit, urlunsplit
@@ -336,7 +336,26 @@ def run(ns: argparse.Namespace) -> int:
     with contextlib.suppress(Exception):
         print(f"machine load before start: {os.getloadavg()}", flush=True)
 
-    # Same-run baseline: the pages with no load (the same world, no results yet).
+    if ns.history_hours:
+        # Steady state: the pages and ingest's indexes at a day's size, not a few minutes'.
+        from bench import history
+        from monitor.models import Task
+
+        now = datetime.now(UTC).replace(second=0, microsecond=0)
+        pairs = [history.pair(t.pk, r.pk) for t in Task.objects.all() for r in t.routes.all()]
+        print(f"history: {ns.history_hours} h of one probe every {ns.interval} s", flush=True)
+        history.load(
+            pairs,
+            now - timedelta(hours=ns.history_hours),
+            now,
+            timedelta(seconds=ns.interval),
+            timedelta(hours=1),
+        )
+    from monitor.pages import overview
+
+    overview.refresh()  # as beat keeps it
+
+    # Same-run baseline: the pages with no load (the same world and history).
     idle = Pages()
     urls = idle.urls()
     from django.contrib.auth.models import User
@@ -349,6 +368,7 @@ def run(ns: argparse.Namespace) -> int:
         idle.once(client, urls)
 
     celery = [PY, "-m", "celery", "-A", "monitor"]
+    background = ["nice", "-n", str(ns.background_nice)] if ns.background_nice else []
     procs = [
         Proc(
             "simulator",
@@ -366,6 +386,7 @@ def run(ns: argparse.Namespace) -> int:
                 "scheduler",
                 "scheduler worker",
                 [
+                    *background,
                     *celery,
                     "worker",
                     "--loglevel",
@@ -390,6 +411,7 @@ def run(ns: argparse.Namespace) -> int:
                 f"ingest{i}",
                 "ingest workers",
                 [
+                    *background,
                     *celery,
                     "worker",
                     "--loglevel",
@@ -591,6 +613,12 @@ def main() -> None:
     parser.add_argument("--interval", type=int, default=60, help="probe interval (s)")
     parser.add_argument("--tick", type=int, default=10, help="TICK_SECONDS")
     parser.add_argument("--grace", type=int, default=15, help="SLOT_GRACE_SECONDS")
+    parser.add_argument(
+        "--history-hours",
+        type=int,
+        default=24,
+        help="hours of results written before the load (0: start from an empty database)",
+    )
     parser.add_argument("--warmup", type=int, default=60)
     parser.add_argument("--measure", type=int, default=120)
     parser.add_argument("--ingest-workers", type=int, default=2)
@@ -602,6 +630,7 @@ def main() -> None:
         default=True,
         help="tick, sweep and overview in a worker of their own (queue default)",
     )
+    parser.add_argument("--background-nice", type=int, default=0)
     parser.add_argument("--flush", type=int, default=2, help="RW_RESULT_FLUSH_SECONDS")
     sys.exit(run(parser.parse_args()))
 

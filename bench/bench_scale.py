@@ -35,6 +35,8 @@ from urllib.parse import urlsplit, urlunsplit
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import history  # noqa: E402
+
 BENCH_DB = "routewatch_bench"
 ROUTES = 50
 REGIONS = 3
@@ -42,36 +44,6 @@ TASKS = 5  # 10 routes each
 INTERVAL = timedelta(minutes=5)
 DAYS = 365
 LOAD_CHUNK = timedelta(days=10)
-
-# Rows in time order, every route and region interleaved, as ingest writes them: one route's
-# month is spread over the heap, not packed in a few pages.
-LOAD_SQL = """
-INSERT INTO monitor_proberesult (
-  task_id, route_id, region_id, slot_at, started_at, http2, body_encoding,
-  cold, prefix_mode, ttft_ms, ttfb_ms, e2e_ms, tps, output_tokens,
-  input_tokens, token_source, outcome, error_kind, error_detail, text,
-  http_version, quality_pass, cost_usd, reference, ttfat_ms)
-SELECT task, route, region, ts, ts, false, 'json', false, 'stable',
-  CASE WHEN r < 0.99 THEN ttft * exp(0.3 * (r2 - 0.5)) END,
-  CASE WHEN r < 0.99 THEN ttft * 0.3 END,
-  CASE WHEN r < 0.99 THEN ttft + 200000.0 / (tps * exp(0.2 * (r3 - 0.5))) END,
-  CASE WHEN r < 0.99 THEN tps * exp(0.2 * (r3 - 0.5)) END,
-  200, 1000, 'usage',
-  CASE WHEN r < 0.99 THEN 'ok' ELSE 'error' END,
-  CASE WHEN r < 0.99 THEN '' ELSE 'http_5xx' END, '', '', 'HTTP/1.1',
-  r2 < 0.9, 0.0014, true,
-  CASE WHEN r < 0.99 THEN ttft * exp(0.3 * (r2 - 0.5)) END
-FROM (
-  SELECT s.task, s.route, g.id AS region, ts, s.ttft, s.tps,
-    random() AS r, random() AS r2, random() AS r3
-  FROM generate_series(%(start)s::timestamptz, %(end)s::timestamptz - interval '1 second',
-                       interval '5 minutes') AS ts
-  CROSS JOIN unnest(%(tasks)s::int[], %(routes)s::int[], %(ttft)s::float8[], %(tps)s::float8[])
-    AS s(task, route, ttft, tps)
-  CROSS JOIN monitor_region AS g
-) AS rows
-ORDER BY ts, route, region
-"""
 
 
 def _bench_url(url: str) -> str:
@@ -117,24 +89,9 @@ def _p(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-HIST_SQL = """
-CREATE OR REPLACE FUNCTION rw_bench_hist(vals float8[], low float8, size int) RETURNS int[]
-LANGUAGE sql IMMUTABLE AS $$
-  SELECT coalesce(array_agg(CASE WHEN half = 0 THEN b ELSE c END ORDER BY b, half), '{}')
-  FROM (
-    SELECT b, count(*)::int AS c FROM (
-      SELECT least(size - 1, CASE WHEN v <= low THEN 0
-                                  ELSE floor(ln(v / low) / ln(1.05))::int + 1 END) AS b
-      FROM unnest(vals) AS v WHERE v IS NOT NULL
-    ) AS x GROUP BY b
-  ) AS y CROSS JOIN (VALUES (0), (1)) AS h(half)
-$$;
-"""
-
-
-def load_raw(now: datetime, days: int) -> None:
-    """The configuration and `days` of raw rows up to `now` (no rollups)."""
-    from django.db import connection, transaction
+def load_config() -> list[history.Pair]:
+    """The configuration (tasks, routes, regions) in an emptied database; its pairs."""
+    from django.db import transaction
 
     from monitor.models import ProbeResult, Provider, Region, Rollup, Route, Task
 
@@ -168,98 +125,13 @@ def load_raw(now: datetime, days: int) -> None:
             task.routes.set(routes[t * 10 : (t + 1) * 10])
             task.regions.set(regions)
             tasks.append(task)
-    start = now - timedelta(days=days)
-    print(f"loading: {ROUTES * REGIONS * days * 288:,} raw rows", flush=True)
-    t0 = time.perf_counter()
-    # Each route has its own speed; ~1% errors; quality passes 90% of graded probes.
-    pairs = [(task.pk, route.pk) for task in tasks for route in task.routes.all()]
-    speeds: dict[str, list[int] | list[float]] = {
-        "tasks": [task_id for task_id, _ in pairs],
-        "routes": [route_id for _, route_id in pairs],
-        "ttft": [float(200 + 40 * (route_id % 25)) for _, route_id in pairs],
-        "tps": [float(40 + 30 * (route_id % 30)) for _, route_id in pairs],
-    }
-    with connection.cursor() as cursor:
-        chunk_start = start
-        while chunk_start < now:
-            chunk_end = min(chunk_start + LOAD_CHUNK, now)
-            cursor.execute(LOAD_SQL, {**speeds, "start": chunk_start, "end": chunk_end})
-            chunk_start = chunk_end
-    print(f"loading: raw rows in {time.perf_counter() - t0:.0f} s", flush=True)
+    return [history.pair(task.pk, route.pk) for task in tasks for route in task.routes.all()]
 
 
 def load(now: datetime, days: int) -> None:
-    from django.db import connection
-
-    from monitor import partitions
-    from monitor.stats import hist
-
-    # The days' partitions first (rows of days without one would land in the default one).
-    for n in range(days + 2):
-        partitions.create_day(now - timedelta(days=days - n))
-    load_raw(now, days)
-    print("loading: building rollups", flush=True)
-    t0 = time.perf_counter()
-    with connection.cursor() as cursor:
-        cursor.execute(HIST_SQL)
-        # The hour strips in one statement at the end, not row by row through their trigger.
-        cursor.execute("ALTER TABLE monitor_rollup DISABLE TRIGGER rw_hour_strip_write")
-        for grain, trunc in (("hour", "hour"), ("day", "day")):
-            cursor.execute(
-                f"""
-                INSERT INTO monitor_rollup (grain, bucket_start, task_id, route_id, region_id,
-                  count_ok, count_error, count_missed, error_kinds, graded, passed,
-                  cache_reported, cache_hits, input_tokens, output_tokens, cached_tokens,
-                  cost_usd, ttft_hist, e2e_hist, tps_hist, ttfat_hist, ref_ttft_hist,
-                  ref_ttfat_hist, ref_e2e_hist, last_probe_at, last_ok_at)
-                SELECT '{grain}', date_trunc('{trunc}', started_at), task_id, route_id, region_id,
-                  count(*) FILTER (WHERE outcome = 'ok'),
-                  count(*) FILTER (WHERE outcome = 'error'),
-                  count(*) FILTER (WHERE outcome = 'missed'),
-                  CASE WHEN count(*) FILTER (WHERE error_kind = 'http_5xx') > 0
-                       THEN jsonb_build_object('http_5xx', count(*) FILTER (WHERE error_kind = 'http_5xx'))
-                       ELSE '{{}}'::jsonb END,
-                  count(quality_pass), count(*) FILTER (WHERE quality_pass),
-                  0, 0, sum(input_tokens), sum(output_tokens), 0, sum(cost_usd),
-                  rw_bench_hist(array_agg(ttft_ms), {hist.MS.low}, {hist.MS.size}),
-                  rw_bench_hist(array_agg(e2e_ms), {hist.MS.low}, {hist.MS.size}),
-                  rw_bench_hist(array_agg(tps), {hist.TPS.low}, {hist.TPS.size}),
-                  rw_bench_hist(array_agg(ttfat_ms), {hist.MS.low}, {hist.MS.size}),
-                  rw_bench_hist(array_agg(ttft_ms) FILTER (WHERE reference),
-                                {hist.MS.low}, {hist.MS.size}),
-                  rw_bench_hist(array_agg(ttfat_ms) FILTER (WHERE reference),
-                                {hist.MS.low}, {hist.MS.size}),
-                  rw_bench_hist(array_agg(e2e_ms) FILTER (WHERE reference),
-                                {hist.MS.low}, {hist.MS.size}),
-                  max(started_at), max(started_at) FILTER (WHERE outcome = 'ok')
-                FROM monitor_proberesult
-                GROUP BY GROUPING SETS (
-                  (date_trunc('{trunc}', started_at), task_id, route_id, region_id),
-                  (date_trunc('{trunc}', started_at), task_id, route_id))
-                """
-            )
-        cursor.execute("ALTER TABLE monitor_rollup ENABLE TRIGGER rw_hour_strip_write")
-        cursor.execute("SELECT rw_hour_strips_rebuild()")
-        # Every page all-visible and fresh statistics, as autovacuum leaves the tables soon
-        # after a load like this one.
-        cursor.execute("VACUUM (ANALYZE)")
-    print(f"loading: rollups in {time.perf_counter() - t0:.0f} s", flush=True)
-
-
-def check_buckets() -> None:
-    """The SQL bucketing used to build the year's rollups matches monitor.stats.hist exactly."""
-    from django.db import connection
-
-    from monitor.stats import hist
-
-    values = [0.5, 1.0, 1.01, 37.3, 999.9, 1620.0, 75100.0, 3e6]
-    with connection.cursor() as cursor:
-        cursor.execute(HIST_SQL)
-        cursor.execute(
-            "SELECT rw_bench_hist(%s::float8[], %s, %s)", [values, hist.MS.low, hist.MS.size]
-        )
-        sql_hist = cursor.fetchone()[0]
-    assert sql_hist == hist.build(values, hist.MS), "SQL and Python bucketing differ"
+    pairs = load_config()
+    print(f"loading: {ROUTES * REGIONS * days * 288:,} raw rows and their rollups", flush=True)
+    history.load(pairs, now - timedelta(days=days), now, INTERVAL, LOAD_CHUNK)
 
 
 def measure(now: datetime, repeat: int) -> list[tuple[str, float, float, float]]:
@@ -426,7 +298,7 @@ def main() -> None:
     from monitor.models import ProbeResult
 
     now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
-    check_buckets()
+    history.check_buckets()
     loaded = ProbeResult.objects.filter(started_at__gt=now - timedelta(days=2)).exists()
     if ns.reload or not loaded:
         load(now, ns.days)
