@@ -173,8 +173,9 @@ def build_world(sim_url: str, tasks: int, routes: int, regions: int, interval_s:
 class Pages(threading.Thread):
     """Reads every page, one after the other, until stopped; server time per page (ms)."""
 
-    def __init__(self) -> None:
+    def __init__(self, nice: int = 0) -> None:
         super().__init__(daemon=True)
+        self.nice = nice
         self.stop = threading.Event()
         self.times: dict[str, list[float]] = {}
         self.failed = 0
@@ -211,6 +212,9 @@ class Pages(threading.Thread):
         from django.db import connection
         from django.test import Client
 
+        if self.nice:
+            # This thread only (Linux), as a web server run at that priority would be.
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
         user, _ = User.objects.get_or_create(username="bench-load", is_staff=True)
         client = Client(SERVER_NAME="localhost")
         client.force_login(user)
@@ -468,7 +472,7 @@ def run(ns: argparse.Namespace) -> int:
     )
     procs.append(beat)
     servers = _servers(env)
-    pages = Pages()
+    pages = Pages(ns.pages_nice)
     try:
         for p in procs:
             p.start()
@@ -631,6 +635,7 @@ def main() -> None:
         help="tick, sweep and overview in a worker of their own (queue default)",
     )
     parser.add_argument("--background-nice", type=int, default=0)
+    parser.add_argument("--pages-nice", type=int, default=0)
     parser.add_argument("--flush", type=int, default=2, help="RW_RESULT_FLUSH_SECONDS")
     sys.exit(run(parser.parse_args()))
 

@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import bench_scale  # noqa: E402
+from bench import bench_scale, history  # noqa: E402
 
 TARGET_P95_MS = 100.0
 TARGET_API_P95_MS = 20.0
@@ -224,7 +224,7 @@ def main() -> None:
     from monitor.models import ProbeResult, Rollup
 
     now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
-    bench_scale.check_buckets()
+    history.check_buckets()
     # Loaded = recent raw rows and their rollups (a load cut short has rows but no rollups).
     loaded = (
         ProbeResult.objects.filter(started_at__gt=now - timedelta(days=2)).exists()

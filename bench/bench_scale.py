@@ -128,6 +128,12 @@ def load_config() -> list[history.Pair]:
     return [history.pair(task.pk, route.pk) for task in tasks for route in task.routes.all()]
 
 
+def load_raw(now: datetime, days: int) -> None:
+    """The configuration and `days` of raw rows up to `now` (no rollups; bench_partitions)."""
+    pairs = load_config()
+    history.load_raw(pairs, now - timedelta(days=days), now, INTERVAL, LOAD_CHUNK)
+
+
 def load(now: datetime, days: int) -> None:
     pairs = load_config()
     print(f"loading: {ROUTES * REGIONS * days * 288:,} raw rows and their rollups", flush=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 # Rows of (task, route) pairs x every region, one every `step`, in time order. Each pair has its
 # own speed; ~1% errors; quality passes 90% of graded probes.
@@ -96,7 +97,7 @@ def load_raw(
     returns how many."""
     from django.db import connection
 
-    arrays = {
+    arrays: dict[str, Any] = {
         "tasks": [p.task for p in pairs],
         "routes": [p.route for p in pairs],
         "ttft": [p.ttft_ms for p in pairs],
@@ -107,9 +108,9 @@ def load_raw(
         chunk_start = start
         while chunk_start < end:
             chunk_end = min(chunk_start + chunk, end)
-            cursor.execute(
-                RAW_SQL, {**arrays, "start": chunk_start, "end": chunk_end, "step": step}
-            )
+            params: dict[str, Any] = {**arrays, "start": chunk_start, "end": chunk_end}
+            params["step"] = step
+            cursor.execute(RAW_SQL, params)
             written += cursor.rowcount
             chunk_start = chunk_end
     return written

@@ -2,8 +2,12 @@
 
 Paging is by keyset (started_at, id), newest first. Without a route filter no B-tree index
 orders the whole table by time, so a page is read by walking back from the cursor in growing
-time slices (1 h, 4 h, 16 h...) that the BRIN index on started_at answers cheaply; with a
-route filter the (route, started_at) index does it directly.
+time slices (1 min, 4 min, 16 min...) that the (route, started_at) index (skip scan) or the
+BRIN index on started_at answers cheaply; with a route filter the (route, started_at) index
+does it directly. The first slice is short because at 3,600 combinations a minute an hour
+holds 216,000 rows (sorting them for 50 took 260 ms). The rows' task, route and region are
+read after the page's rows are chosen, never joined before the sort: the newest minutes have
+no statistics yet, so the planner expects one row and joins thousands.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db.models import Q, QuerySet
+from django.db.models import Q, QuerySet, prefetch_related_objects
 from django.utils.dateparse import parse_datetime
 
 from monitor.models import ERROR_KINDS, OUTCOMES, ProbeResult, Region, Route, Task
@@ -30,7 +34,7 @@ LOG_RANGES = {
     "30d": timedelta(days=30),
 }
 DEFAULT_LOG_RANGE = "24h"
-FIRST_SLICE = timedelta(hours=1)
+FIRST_SLICE = timedelta(minutes=1)
 OUTCOME_VALUES = {v for v, _ in OUTCOMES}
 ERROR_KIND_VALUES = {v for v, _ in ERROR_KINDS}
 
@@ -136,7 +140,7 @@ class LogPage:
 
 
 def page(f: LogFilter, cursor: Cursor | None, now: datetime, size: int = PAGE_SIZE) -> LogPage:
-    base = filtered(f).select_related("task", "route__provider", "region")
+    base = filtered(f)
     since = f.since(now)
     upper = cursor.started_at if cursor else now + timedelta(minutes=1)
     rows: list[ProbeResult] = []
@@ -162,6 +166,7 @@ def page(f: LogFilter, cursor: Cursor | None, now: datetime, size: int = PAGE_SI
         step *= 4
     more = len(rows) > size
     rows = rows[:size]
+    prefetch_related_objects(rows, "task", "route__provider", "region")
     return LogPage(
         filter=f,
         rows=rows,

@@ -15,25 +15,28 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 RATIO = 1.05
+_LOG_RATIO = math.log(RATIO)
 
 
 @dataclass(frozen=True)
 class Scale:
     low: float
     high: float
+    # Worked out once: index() runs for every value of every histogram a page builds.
+    size: int = field(init=False, repr=False, compare=False)
 
-    @property
-    def size(self) -> int:
-        return math.ceil(math.log(self.high / self.low) / math.log(RATIO)) + 2
+    def __post_init__(self) -> None:
+        size = math.ceil(math.log(self.high / self.low) / _LOG_RATIO) + 2
+        object.__setattr__(self, "size", size)
 
     def index(self, value: float) -> int:
         if value <= self.low:
             return 0
-        i = int(math.log(value / self.low) / math.log(RATIO)) + 1
-        return min(i, self.size - 1)
+        i = int(math.log(value / self.low) / _LOG_RATIO) + 1
+        return i if i < self.size else self.size - 1
 
     def representative(self, index: int) -> float:
         """The geometric middle of a bucket, the value a percentile in it is reported as."""

@@ -163,7 +163,7 @@ def test_the_route_page_counts_errors_by_kind_and_shows_rate_limit_headroom(
     assert throttled > 0
     assert f'<code>http_429</code></th><td class="num">{throttled}</td>' in errors
     headroom = body[body.index('id="headroom"') :].split("</table>")[0]
-    assert "no rate-limit headers seen" not in headroom
+    assert "no rate-limit headers in the last hour" not in headroom
     assert re.search(r'<td class="num over">\d+</td>', headroom)
 
 

@@ -67,6 +67,43 @@ def test_rollups_hold_counts_histograms_and_merged_regions(setup) -> None:
     assert stats.error_rate == pytest.approx(1 / 41)
 
 
+def test_stats_merge_each_histogram_when_first_read_exactly_as_row_by_row(setup) -> None:
+    t, r1, _, eu, us = setup
+    rng = random.Random(7)
+    ingest.ingest(
+        [
+            f.payload(
+                t,
+                r1,
+                g,
+                T0 + timedelta(minutes=17 * i),
+                ttft_ms=rng.lognormvariate(6, 0.5),
+                ttfat_ms=rng.lognormvariate(6.5, 0.5),
+                e2e_ms=rng.lognormvariate(7.5, 0.4),
+                tps=rng.lognormvariate(4, 0.3),
+            )
+            for i in range(40)
+            for g in (eu, us)
+        ]
+    )
+    qs = rollups.rows(since=T0, until=T0 + timedelta(days=1), grain=GRAIN_HOUR, all_regions=True)
+    assert qs.count() > 3  # several hours, so stats_by concatenates several arrays
+    eager = rollups.Stats()
+    for row in qs:
+        eager.add_row(row)
+    lazy = rollups.stats_by(qs, ["route_id"])[(r1.pk,)]
+    # One histogram read first; the others are still merged right when read later.
+    assert lazy.ref_e2e_counts == eager.ref_e2e_counts
+    for name in ("ttft", "e2e", "tps", "ttfat", "ref_ttft", "ref_ttfat", "ref_e2e", "app_e2e"):
+        assert getattr(lazy, f"{name}_counts") == getattr(eager, f"{name}_counts"), name
+    assert sum(lazy.ttft_counts.values()) == 80
+    # Folding unread stats into others merges what they hold.
+    total, fresh = rollups.Stats(), rollups.stats_by(qs, ["route_id"])[(r1.pk,)]
+    total.add(fresh)
+    assert total.e2e_counts == eager.e2e_counts
+    assert total.tps(50) == eager.tps(50)
+
+
 def test_cache_hit_rate_tells_not_reported_from_zero(setup) -> None:
     t, r1, r2, eu, _ = setup
     ingest.ingest([f.payload(t, r1, eu, T0, cached_tokens=0), f.payload(t, r2, eu, T0)])
