@@ -184,7 +184,7 @@ def ingest_results(self: Task[Any, Any], results: dict[str, Any]) -> int:
 @shared_task(name="monitor.tasks.refresh_overview")
 def refresh_overview() -> int:
     """Rebuild the overview snapshot, so readers get it ready-made."""
-    return len(overview.refresh().rows)
+    return len(overview.refresh(keep_settled=True).rows)
 
 
 @shared_task(name="monitor.tasks.delete_old_results")

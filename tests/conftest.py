@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from django.contrib.auth.models import User
+
+
+@pytest.fixture(autouse=True)
+def _forget_settled_stats() -> Iterator[None]:
+    """Stats a process keeps between reads (monitor.stats.rollups.stats_over) belong to one
+    test's database: each test starts without them."""
+    from monitor.stats import rollups
+
+    rollups.forget_settled()
+    yield
+    rollups.forget_settled()
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, Stream
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_POST
 
 from monitor.models import (
@@ -100,6 +101,8 @@ def overview(request: HtmxHttpRequest) -> HttpResponse:
         data = overview_data.current(now)
     ctx = {
         "rows": data.rows,
+        # Rendered with the snapshot (a reader's own overview has none: rendered here).
+        "rows_html": mark_safe(data.rows_html),  # noqa: S308 (our template's output)
         "built_at": data.built_at,
         "tick": tick,
         "tick_stale": tick is None or now - tick.last_seen > timedelta(minutes=2),

@@ -9,6 +9,9 @@ histograms to whatever is there, so concurrent ingest workers never lose an upda
 from __future__ import annotations
 
 import json
+import threading
+import time
+from array import array
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
@@ -394,9 +397,9 @@ class Stats(Counters):
         for kind, n in other.error_kinds.items():
             self.error_kinds[kind] = self.error_kinds.get(kind, 0) + n
         for column in _HISTOGRAMS:
-            mine, theirs = self._counts(column), other._counts(column)
-            for bucket, n in theirs.items():
-                mine[bucket] = mine.get(bucket, 0) + n
+            # Deferred like stats_by's arrays; `other` is left as it is (it may be shared).
+            for pairs in other._sources(column):
+                self._defer(column, pairs)
         self._seen(other.last_probe_at, other.last_ok_at)
 
     def _counts(self, column: str) -> dict[int, int]:
@@ -410,7 +413,27 @@ class Stats(Counters):
 
     def _defer(self, column: str, pairs: Sequence[int]) -> None:
         """A pairs array to merge into a column's counts when it is first read."""
-        self._pending.setdefault(column, []).append(pairs)
+        if pairs:
+            self._pending.setdefault(column, []).append(pairs)
+
+    def _sources(self, column: str) -> list[Sequence[int]]:
+        """What a column's counts are made of (merged counts and arrays not merged yet),
+        without merging anything."""
+        merged = self._merged.get(column)
+        return [*([_pairs(merged)] if merged else []), *self._pending.get(column, ())]
+
+    def compact(self) -> Stats:
+        """A copy holding each histogram as one merged array of 32-bit integers: a fifth of
+        the memory of dicts, for stats kept between reads (stats_over's settled hours)."""
+        copy = Stats(error_kinds=dict(self.error_kinds))
+        for name in COUNTERS:
+            setattr(copy, name, getattr(self, name))
+        copy._seen(self.last_probe_at, self.last_ok_at)
+        for column in _HISTOGRAMS:
+            counts = self._counts(column)
+            if counts:
+                copy._pending[column] = [array("i", _pairs(counts))]
+        return copy
 
     def _seen(self, last_probe_at: datetime | None, last_ok_at: datetime | None) -> None:
         if last_probe_at and (self.last_probe_at is None or last_probe_at > self.last_probe_at):
@@ -476,4 +499,77 @@ def stats_by(
         stats.last_probe_at = row["s_last_probe_at"]
         stats.last_ok_at = row["s_last_ok_at"]
         merged[tuple(row[f] for f in key_fields)] = stats
+    return merged
+
+
+# --- stats over a sliding window, its settled hours kept ----------------------------------------
+
+# Hourly rows this far before the hour of a window's end (for the overview, the current hour and
+# the one before it are read each time) no longer change: a result is judged late by its slot's
+# deadline (monitor.limits, at most 15 minutes), so ingest and the missed sweep are done with
+# them. The rare exception, a result spooled through a broker outage of hours, shows within
+# SETTLED_TTL.
+SETTLED_AFTER = timedelta(hours=2)
+SETTLED_TTL = 600.0  # seconds a process keeps settled stats before reading them again
+_settled: dict[tuple[Any, ...], tuple[float, dict[tuple[int | None, ...], Stats]]] = {}
+_settled_lock = threading.Lock()
+
+
+def forget_settled() -> None:
+    """Drop the settled stats this process keeps (a new database: tests)."""
+    with _settled_lock:
+        _settled.clear()
+
+
+def stats_over(
+    *,
+    since: datetime,
+    until: datetime,
+    key_fields: Sequence[str],
+    all_regions: bool,
+    histograms: bool = True,
+    task_ids: Sequence[int] | None = None,
+    keep_settled: bool = False,
+) -> dict[tuple[int | None, ...], Stats]:
+    """`stats_by` over the hourly rows of [since, until). With `keep_settled`, the hours up to
+    SETTLED_AFTER before `until`'s hour are read once and kept in this process (compacted,
+    SETTLED_TTL at most), so a reader that slides the same window every few seconds (the
+    overview's rebuild: 25 hours of 3,600 combinations, 1.6 s) reads only the recent hours."""
+
+    def read(start: datetime, end: datetime) -> dict[tuple[int | None, ...], Stats]:
+        qs = rows(since=start, until=end, grain=GRAIN_HOUR, all_regions=all_regions)
+        if task_ids is not None:
+            qs = qs.filter(task_id__in=task_ids)
+        return stats_by(qs, key_fields, histograms=histograms)
+
+    start = bucket_start(since, GRAIN_HOUR)
+    split = bucket_start(until, GRAIN_HOUR) - SETTLED_AFTER
+    if not keep_settled or split <= start:
+        return read(since, until)
+    key = (
+        tuple(key_fields),
+        all_regions,
+        histograms,
+        tuple(task_ids) if task_ids is not None else None,
+        start,
+        split,
+    )
+    clock = time.monotonic()
+    with _settled_lock:
+        kept = _settled.get(key)
+    if kept is None or clock - kept[0] > SETTLED_TTL:
+        kept = (clock, {k: s.compact() for k, s in read(start, split).items()})
+        with _settled_lock:
+            # Only the newest window is worth keeping (the hours slide).
+            for old in [k for k in _settled if k[:4] == key[:4]]:
+                del _settled[old]
+            _settled[key] = kept
+    settled, recent = kept[1], read(split, until)
+    merged: dict[tuple[int | None, ...], Stats] = {}
+    for k in settled.keys() | recent.keys():
+        stats = Stats()
+        for part in (settled.get(k), recent.get(k)):
+            if part is not None:
+                stats.add(part)
+        merged[k] = stats
     return merged

@@ -41,9 +41,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import TypeVar
 
-from django.db.models import QuerySet
-
-from monitor.models import GRAIN_HOUR, Region, Rollup, Route, Task, fresh_within
+from monitor.models import Region, Route, Task, fresh_within
 from monitor.stats import rollups
 from monitor.stats.confidence import NO_ESTIMATE, Estimate, Rate, percentile
 from monitor.stats.rollups import Stats
@@ -172,17 +170,33 @@ class Window:
 
     @classmethod
     def read(
-        cls, since: datetime, until: datetime, task_ids: Sequence[int] | None = None
+        cls,
+        since: datetime,
+        until: datetime,
+        task_ids: Sequence[int] | None = None,
+        *,
+        keep_settled: bool = False,
     ) -> Window:
-        """Every task's rows, or only those of `task_ids`."""
-
-        def rows(all_regions: bool) -> QuerySet[Rollup]:
-            qs = rollups.rows(since=since, until=until, grain=GRAIN_HOUR, all_regions=all_regions)
-            return qs if task_ids is None else qs.filter(task_id__in=task_ids)
-
+        """Every task's rows, or only those of `task_ids`; `keep_settled`: see
+        rollups.stats_over (for a window read again and again as it slides)."""
         return cls(
-            per_region=rollups.stats_by(rows(False), ["task_id", "route_id", "region_id"]),
-            per_route=rollups.stats_by(rows(True), ["task_id", "route_id"], histograms=False),
+            per_region=rollups.stats_over(
+                since=since,
+                until=until,
+                key_fields=["task_id", "route_id", "region_id"],
+                all_regions=False,
+                task_ids=task_ids,
+                keep_settled=keep_settled,
+            ),
+            per_route=rollups.stats_over(
+                since=since,
+                until=until,
+                key_fields=["task_id", "route_id"],
+                all_regions=True,
+                histograms=False,
+                task_ids=task_ids,
+                keep_settled=keep_settled,
+            ),
         )
 
     def quality(self, task: Task, routes: Sequence[Route]) -> dict[int, Stats]:

@@ -8,7 +8,7 @@ import pytest
 
 from monitor.models import GRAIN_DAY, GRAIN_HOUR, ProbeResult, ProbeSlot, RaceRun, Rollup
 from monitor.pipeline import ingest
-from monitor.stats import hist, rollups
+from monitor.stats import hist, rollups, selection
 from tests.monitor import factories as f
 
 T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
@@ -287,3 +287,74 @@ def test_probe_results_have_only_the_indexes_their_reads_need() -> None:
         "monitor_proberesult_eval_case_id_f1eec2ad",
     }
     assert "INCLUDE" not in indexes["result_route_started"]
+
+
+def _figures(window: selection.Window) -> dict[object, object]:
+    """Every counter, histogram and time of a Window, comparable with ==."""
+    out: dict[object, object] = {}
+    for part, stats_by_key in (("region", window.per_region), ("route", window.per_route)):
+        for key, s in stats_by_key.items():
+            out[(part, key)] = (
+                s.count,
+                s.count_ok,
+                s.provider_errors,
+                s.graded,
+                s.passed,
+                s.last_probe_at,
+                s.last_ok_at,
+                s.error_kinds,
+                *(
+                    getattr(s, f"{name}_counts")
+                    for name in ("ttft", "e2e", "tps", "ttfat", "ref_ttft", "ref_e2e")
+                ),
+            )
+    return out
+
+
+def test_the_overview_window_reads_its_settled_hours_once_and_agrees_with_a_full_read(
+    setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    t, r1, r2, eu, us = setup
+    now = T0 + timedelta(hours=9, minutes=30)
+    rng = random.Random(3)
+    ingest.ingest(
+        [
+            f.payload(
+                t,
+                r,
+                g,
+                T0 + timedelta(minutes=13 * i),
+                ttft_ms=rng.lognormvariate(6, 0.5),
+                e2e_ms=rng.lognormvariate(7.5, 0.4),
+                error_kind="http_5xx" if i % 9 == 0 else "",
+                outcome="error" if i % 9 == 0 else "ok",
+            )
+            for i in range(44)  # T0 to T0 + 9 h 19 min: settled hours and recent ones
+            for r in (r1, r2)
+            for g in (eu, us)
+        ]
+    )
+    since, until = now - timedelta(hours=24), now + timedelta(hours=1)
+    full = selection.Window.read(since, until)
+    first = selection.Window.read(since, until, keep_settled=True)
+    again = selection.Window.read(since, until, keep_settled=True)
+    assert _figures(first) == _figures(full) == _figures(again)
+    assert sum(s.count for s in full.per_route.values()) == 176
+    # A result for a settled hour (T0 + 1 h) arriving now is in a full read, and in the kept
+    # one only once the settled hours are read again (SETTLED_TTL).
+    ingest.ingest([f.payload(t, r1, eu, T0 + timedelta(hours=1, minutes=1))])
+    assert full.per_region[(t.pk, r1.pk, eu.pk)].count + 1 == (
+        selection.Window.read(since, until).per_region[(t.pk, r1.pk, eu.pk)].count
+    )
+    kept = selection.Window.read(since, until, keep_settled=True)
+    assert _figures(kept) == _figures(first)
+    # A result for a recent hour shows at once.
+    ingest.ingest([f.payload(t, r2, us, now - timedelta(minutes=2))])
+    kept = selection.Window.read(since, until, keep_settled=True)
+    assert kept.per_region[(t.pk, r2.pk, us.pk)].count == (
+        first.per_region[(t.pk, r2.pk, us.pk)].count + 1
+    )
+    monkeypatch.setattr(rollups, "SETTLED_TTL", 0.0)
+    assert _figures(selection.Window.read(since, until, keep_settled=True)) == _figures(
+        selection.Window.read(since, until)
+    )

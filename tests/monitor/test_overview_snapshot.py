@@ -126,3 +126,20 @@ def test_the_page_says_when_its_figures_were_computed(
     body = client.get(reverse("rw-overview")).content.decode()
     assert "Figures as of" in body
     assert "Acme / fast-model" in body
+
+
+def test_beat_renders_the_rows_once_and_every_reader_gets_them_as_rendered(
+    client: Client, teammate: User, world
+) -> None:
+    t, fast, _, eu = world
+    _probe(t, fast, eu, timezone.now(), ttft_ms=200)
+    assert refresh_overview.apply().get() == 1
+    rows_html = OverviewSnapshot.objects.get().data["rows_html"]
+    assert f'data-task="{t.slug}"' in rows_html
+    assert "Acme / fast-model" in rows_html
+    client.force_login(teammate)
+    page = client.get(reverse("rw-overview")).content.decode()
+    body = client.get(reverse("rw-overview"), headers={"HX-Request": "true"}).content.decode()
+    assert rows_html in page
+    assert rows_html in body  # the htmx refresh of the body too
+    assert page.count(f'data-task="{t.slug}"') == 1  # not rendered a second time
