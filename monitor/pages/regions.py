@@ -83,18 +83,27 @@ def build(task: Task, metric: str, window: Range, now: datetime) -> Matrix:
     regions = list(task.regions.filter(is_active=True).order_by("name"))
     until = now + timedelta(hours=1)
     since = window.since(now)
-    per_cell = rollups.stats_by(
-        rollups.rows(since=since, until=until, grain=window.stats_grain).filter(task=task),
-        ["route_id", "region_id"],
+    # Settled hours kept between reads: the page refreshes itself in an open tab.
+    per_cell = rollups.stats_over(
+        since=since,
+        until=until,
+        grain=window.stats_grain,
+        key_fields=["route_id", "region_id"],
+        all_regions=False,
+        where={"task_id": task.pk},
+        keep_settled=True,
     )
     quality = {
         k[0]: s
-        for k, s in rollups.stats_by(
-            rollups.rows(
-                since=since, until=until, grain=window.stats_grain, all_regions=True
-            ).filter(task=task),
-            ["route_id"],
+        for k, s in rollups.stats_over(
+            since=since,
+            until=until,
+            grain=window.stats_grain,
+            key_fields=["route_id"],
+            all_regions=True,
             histograms=False,
+            where={"task_id": task.pk},
+            keep_settled=True,
         ).items()
         if k[0] is not None
     }

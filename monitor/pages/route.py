@@ -223,13 +223,17 @@ def median_probe(
     `rows` (the most recent probes, comparison_rows): no raw read of its own, which over a
     route probed by 20 tasks from 6 regions scanned 172,800 index entries (13 ms)."""
     since = now - RAW_WINDOW
-    qs = rollups.rows(
-        since=since, until=now + timedelta(hours=1), grain="hour", all_regions=region is None
-    )
-    qs = qs.filter(route=route, task=task)
+    where = {"route_id": route.pk, "task_id": task.pk}
     if region is not None:
-        qs = qs.filter(region=region)
-    stats = rollups.stats_by(qs, ["route_id"]).get((route.pk,))
+        where["region_id"] = region.pk
+    stats = rollups.stats_over(
+        since=since,
+        until=now + timedelta(hours=1),
+        key_fields=["route_id"],
+        all_regions=region is None,
+        where=where,
+        keep_settled=True,
+    ).get((route.pk,))
     median = stats.e2e_ms(50) if stats else None
     if median is None:
         return None
@@ -495,18 +499,20 @@ def build(
         )
     regions = list(task.regions.filter(is_active=True).order_by("name"))
     until = now + timedelta(hours=1)
-    per_region = rollups.stats_by(
-        rollups.rows(since=window.since(now), until=until, grain=window.stats_grain).filter(
-            route=route, task=task
-        ),
-        ["region_id"],
+    # Settled hours kept between reads: the page refreshes itself in an open tab.
+    per_region, merged_by_route = (
+        rollups.stats_over(
+            since=window.since(now),
+            until=until,
+            grain=window.stats_grain,
+            key_fields=[key],
+            all_regions=key == "route_id",
+            where={"route_id": route.pk, "task_id": task.pk},
+            keep_settled=True,
+        )
+        for key in ("region_id", "route_id")
     )
-    merged = rollups.stats_by(
-        rollups.rows(
-            since=window.since(now), until=until, grain=window.stats_grain, all_regions=True
-        ).filter(route=route, task=task),
-        ["route_id"],
-    ).get((route.pk,))
+    merged = merged_by_route.get((route.pk,))
     summaries = []
     by_region: dict[int | None, Stats] = {k[0]: s for k, s in per_region.items()}
     for g in regions:

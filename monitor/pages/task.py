@@ -131,21 +131,36 @@ def build(
     routes = [r for r in task.routes.select_related("provider") if r.is_active]
     since = window.since(now)
     until = now + timedelta(hours=1)
-    qs = rollups.rows(
-        since=since, until=until, grain=window.stats_grain, all_regions=region is None
-    ).filter(task=task)
-    if region is not None:
-        qs = qs.filter(region=region)
-    latency = {k[0]: s for k, s in rollups.stats_by(qs, ["route_id"]).items() if k[0] is not None}
+    # Settled hours kept between reads: the page refreshes itself in an open tab.
+    where = {"task_id": task.pk} | ({"region_id": region.pk} if region is not None else {})
+    latency = {
+        k[0]: s
+        for k, s in rollups.stats_over(
+            since=since,
+            until=until,
+            grain=window.stats_grain,
+            key_fields=["route_id"],
+            all_regions=region is None,
+            where=where,
+            keep_settled=True,
+        ).items()
+        if k[0] is not None
+    }
     if region is None:
         quality = latency
     else:
-        quality_qs = rollups.rows(
-            since=since, until=until, grain=window.stats_grain, all_regions=True
-        ).filter(task=task)
         quality = {
             k[0]: s
-            for k, s in rollups.stats_by(quality_qs, ["route_id"], histograms=False).items()
+            for k, s in rollups.stats_over(
+                since=since,
+                until=until,
+                grain=window.stats_grain,
+                key_fields=["route_id"],
+                all_regions=True,
+                histograms=False,
+                where={"task_id": task.pk},
+                keep_settled=True,
+            ).items()
             if k[0] is not None
         }
     change = winners.latest([task.pk]).get((task.pk, region.pk)) if region else None

@@ -12,8 +12,8 @@ import json
 import threading
 import time
 from array import array
-from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections import Counter, OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -511,7 +511,10 @@ def stats_by(
 # SETTLED_TTL.
 SETTLED_AFTER = timedelta(hours=2)
 SETTLED_TTL = 600.0  # seconds a process keeps settled stats before reading them again
-_settled: dict[tuple[Any, ...], tuple[float, dict[tuple[int | None, ...], Stats]]] = {}
+SETTLED_KEPT = 256  # windows a process keeps at most (the least recently read go first)
+_settled: OrderedDict[tuple[Any, ...], tuple[float, dict[tuple[int | None, ...], Stats]]] = (
+    OrderedDict()
+)
 _settled_lock = threading.Lock()
 
 
@@ -525,45 +528,54 @@ def stats_over(
     *,
     since: datetime,
     until: datetime,
+    grain: str = GRAIN_HOUR,
     key_fields: Sequence[str],
     all_regions: bool,
     histograms: bool = True,
     task_ids: Sequence[int] | None = None,
+    where: Mapping[str, int] | None = None,
     keep_settled: bool = False,
 ) -> dict[tuple[int | None, ...], Stats]:
-    """`stats_by` over the hourly rows of [since, until). With `keep_settled`, the hours up to
-    SETTLED_AFTER before `until`'s hour are read once and kept in this process (compacted,
-    SETTLED_TTL at most), so a reader that slides the same window every few seconds (the
-    overview's rebuild: 25 hours of 3,600 combinations, 1.6 s) reads only the recent hours."""
+    """`stats_by` over the rows of [since, until) (of `task_ids`, and matching `where`, e.g.
+    {"route_id": 3}). With `keep_settled` and hourly rows, the hours up to SETTLED_AFTER
+    before `until`'s hour are read once and kept in this process (compacted, SETTLED_TTL at
+    most), so a window read again as it slides reads only its recent hours: the overview's
+    rebuild every few seconds (25 hours of 3,600 combinations: 1.6 s), a page refreshed in
+    an open tab."""
+    filters: dict[str, Any] = dict(where or {})
+    if task_ids is not None:
+        filters["task_id__in"] = list(task_ids)
 
     def read(start: datetime, end: datetime) -> dict[tuple[int | None, ...], Stats]:
-        qs = rows(since=start, until=end, grain=GRAIN_HOUR, all_regions=all_regions)
-        if task_ids is not None:
-            qs = qs.filter(task_id__in=task_ids)
-        return stats_by(qs, key_fields, histograms=histograms)
+        qs = rows(since=start, until=end, grain=grain, all_regions=all_regions)
+        return stats_by(qs.filter(**filters), key_fields, histograms=histograms)
 
-    start = bucket_start(since, GRAIN_HOUR)
+    start = bucket_start(since, grain)
     split = bucket_start(until, GRAIN_HOUR) - SETTLED_AFTER
-    if not keep_settled or split <= start:
+    if not keep_settled or grain != GRAIN_HOUR or split <= start:
         return read(since, until)
-    key = (
+    query = (
         tuple(key_fields),
         all_regions,
         histograms,
         tuple(task_ids) if task_ids is not None else None,
-        start,
-        split,
+        tuple(sorted((where or {}).items())),
     )
+    key = (*query, start, split)
     clock = time.monotonic()
     with _settled_lock:
         kept = _settled.get(key)
+        if kept is not None:
+            _settled.move_to_end(key)
     if kept is None or clock - kept[0] > SETTLED_TTL:
         kept = (clock, {k: s.compact() for k, s in read(start, split).items()})
         with _settled_lock:
-            # Only the newest window is worth keeping (the hours slide).
-            for old in [k for k in _settled if k[:4] == key[:4]]:
+            # Only the newest window of a query is worth keeping (the hours slide).
+            for old in [k for k in _settled if k[: len(query)] == query]:
                 del _settled[old]
             _settled[key] = kept
+            while len(_settled) > SETTLED_KEPT:
+                _settled.popitem(last=False)
     settled, recent = kept[1], read(split, until)
     merged: dict[tuple[int | None, ...], Stats] = {}
     for k in settled.keys() | recent.keys():
