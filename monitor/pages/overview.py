@@ -200,7 +200,7 @@ def _build(
 ) -> tuple[Overview, list[Decision]]:
     since = now - window
     tasks = list(
-        Task.objects.filter(is_active=True).prefetch_related("routes__provider", "regions")
+        Task.objects.filter(is_active=True).prefetch_related("routes__provider", "regions", "steps")
     )
     figures = selection.Window.read(since, now + timedelta(hours=1), keep_settled=keep_settled)
     held = winners.latest()

@@ -391,15 +391,19 @@ class Stats(Counters):
         self._seen(row.last_probe_at, row.last_ok_at)
 
     def add(self, other: Stats) -> None:
-        """Fold another window's or key's stats in (e.g. a task's routes into its total)."""
+        """Fold another window's or key's stats in (e.g. a task's routes into its total).
+        `other` is left as it is (it may be shared: stats_over's settled hours)."""
+        mine, theirs = self.__dict__, other.__dict__  # the overview folds 8,400 of them
         for name in COUNTERS:
-            setattr(self, name, getattr(self, name) + getattr(other, name))
+            mine[name] += theirs[name]
         for kind, n in other.error_kinds.items():
             self.error_kinds[kind] = self.error_kinds.get(kind, 0) + n
-        for column in _HISTOGRAMS:
-            # Deferred like stats_by's arrays; `other` is left as it is (it may be shared).
-            for pairs in other._sources(column):
-                self._defer(column, pairs)
+        # Histograms are deferred like stats_by's arrays, merged when first read.
+        for column, counts in other._merged.items():
+            if counts:
+                self._defer(column, _pairs(counts))
+        for column, arrays in other._pending.items():
+            self._pending.setdefault(column, []).extend(arrays)
         self._seen(other.last_probe_at, other.last_ok_at)
 
     def _counts(self, column: str) -> dict[int, int]:
@@ -415,12 +419,6 @@ class Stats(Counters):
         """A pairs array to merge into a column's counts when it is first read."""
         if pairs:
             self._pending.setdefault(column, []).append(pairs)
-
-    def _sources(self, column: str) -> list[Sequence[int]]:
-        """What a column's counts are made of (merged counts and arrays not merged yet),
-        without merging anything."""
-        merged = self._merged.get(column)
-        return [*([_pairs(merged)] if merged else []), *self._pending.get(column, ())]
 
     def compact(self) -> Stats:
         """A copy holding each histogram as one merged array of 32-bit integers: a fifth of
@@ -576,12 +574,13 @@ def stats_over(
             _settled[key] = kept
             while len(_settled) > SETTLED_KEPT:
                 _settled.popitem(last=False)
-    settled, recent = kept[1], read(split, until)
-    merged: dict[tuple[int | None, ...], Stats] = {}
-    for k in settled.keys() | recent.keys():
+    settled, merged = kept[1], read(split, until)
+    # The kept stats are shared (with other threads too): each read adds to copies.
+    for k, old_hours in settled.items():
         stats = Stats()
-        for part in (settled.get(k), recent.get(k)):
-            if part is not None:
-                stats.add(part)
+        stats.add(old_hours)
+        new_hours = merged.get(k)
+        if new_hours is not None:
+            stats.add(new_hours)
         merged[k] = stats
     return merged
