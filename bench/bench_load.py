@@ -11,16 +11,22 @@ through Django during the load. A database of its own (routewatch_bench_load), r
 run; the bench adds one column to the raw results there (rw_bench_written_at, the insert's
 clock time) to measure ingest lag.
 
-After a warm-up the bench measures a window, stops beat, and waits for the window's slots to
-close (result or missed). It reports, each against its target:
+Before the load it writes a day of history for the same world (`--history-hours`, default 24:
+5.2M raw rows at 1x, with their rollups and hour strips; bench/history.py), so pages, ingest's
+indexes and the overview rebuild work at the sizes a running deployment has, not a few
+minutes' worth. After a warm-up the bench measures a window, stops beat, and waits for the
+window's slots to close (result or missed). It reports, each against its target:
 - slots of the window missed (goal 0) and still open;
 - ingest lag p50/p99: probe end (started_at + e2e) to the row's insert (target p99 < 5 s);
 - tick duration p50/p99 (celery's own "succeeded in" of monitor.tasks.tick), and ingest
   task duration;
 - rows per second written in the window;
 - CPU (cores used) and memory (RSS) per component, PostgreSQL and Redis included;
-- page server time p50/p95 per page (Django in this process), idle (before the workers start:
-  the same-run baseline) and during the load, with the ratio (target p95 < 100 ms).
+- page server time p50/p95 per page (Django in this process, pages read one after another
+  with a 0.5 s pause), idle (on the history, before the workers start: the same-run baseline)
+  and during the load, with the ratio (target p95 < 100 ms). `--pages-nice` runs the reader at
+  another CPU priority (as a web server given one), `--background-nice` the ingest and
+  scheduler workers.
 Retention's cost (drop of a day's partition vs DELETE of a day) is `make bench-partitions`.
 """
 
