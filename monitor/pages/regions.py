@@ -93,20 +93,9 @@ def build(task: Task, metric: str, window: Range, now: datetime) -> Matrix:
         where={"task_id": task.pk},
         keep_settled=True,
     )
-    quality = {
-        k[0]: s
-        for k, s in rollups.stats_over(
-            since=since,
-            until=until,
-            grain=window.stats_grain,
-            key_fields=["route_id"],
-            all_regions=True,
-            histograms=False,
-            where={"task_id": task.pk},
-            keep_settled=True,
-        ).items()
-        if k[0] is not None
-    }
+    quality = selection.per_route(
+        task, since=since, until=until, grain=window.stats_grain, histograms=False
+    )
     held = stats_winners.incumbents([task.pk])
     winners: dict[int, int | None] = {}
     reasons: dict[tuple[int, int], str] = {}

@@ -15,7 +15,7 @@ from monitor.pages import scenario as pages_scenario
 from monitor.pages import whatif as pages_whatif
 from monitor.pages.common import Range
 from monitor.pages.overview import metric_label
-from monitor.stats import rollups, selection, winners
+from monitor.stats import selection, winners
 from monitor.stats.rollups import Stats
 
 Y_PASSING = "pass rate (%)"
@@ -131,38 +131,15 @@ def build(
     routes = [r for r in task.routes.select_related("provider") if r.is_active]
     since = window.since(now)
     until = now + timedelta(hours=1)
-    # Settled hours kept between reads: the page refreshes itself in an open tab.
-    where = {"task_id": task.pk} | ({"region_id": region.pk} if region is not None else {})
-    latency = {
-        k[0]: s
-        for k, s in rollups.stats_over(
-            since=since,
-            until=until,
-            grain=window.stats_grain,
-            key_fields=["route_id"],
-            all_regions=region is None,
-            where=where,
-            keep_settled=True,
-        ).items()
-        if k[0] is not None
-    }
+    latency = selection.per_route(
+        task, since=since, until=until, grain=window.stats_grain, region=region
+    )
     if region is None:
         quality = latency
     else:
-        quality = {
-            k[0]: s
-            for k, s in rollups.stats_over(
-                since=since,
-                until=until,
-                grain=window.stats_grain,
-                key_fields=["route_id"],
-                all_regions=True,
-                histograms=False,
-                where={"task_id": task.pk},
-                keep_settled=True,
-            ).items()
-            if k[0] is not None
-        }
+        quality = selection.per_route(
+            task, since=since, until=until, grain=window.stats_grain, histograms=False
+        )
     change = winners.latest([task.pk]).get((task.pk, region.pk)) if region else None
     choice = selection.choose(
         task,

@@ -210,6 +210,32 @@ class Window:
         return {pk: self.per_region[key] for pk, key in keys if key in self.per_region}
 
 
+def per_route(
+    task: Task,
+    *,
+    since: datetime,
+    until: datetime,
+    grain: str,
+    region: Region | None = None,
+    histograms: bool = True,
+) -> dict[int, Stats]:
+    """A task's stats per route id over [since, until), all regions merged or in `region`:
+    `choose`'s quality (counts only are enough) or a page's latency. Settled hours are kept
+    between reads (rollups.stats_over): pages refresh themselves in open tabs."""
+    where = {"task_id": task.pk} | ({"region_id": region.pk} if region is not None else {})
+    found = rollups.stats_over(
+        since=since,
+        until=until,
+        grain=grain,
+        key_fields=["route_id"],
+        all_regions=region is None,
+        histograms=histograms,
+        where=where,
+        keep_settled=True,
+    )
+    return {k[0]: s for k, s in found.items() if k[0] is not None}
+
+
 def fresh(task: Task, latency: Mapping[K, Stats], now: datetime) -> dict[K, Stats]:
     """Only the figures probed recently (Task.is_fresh): a route with nothing recent in a
     region cannot be its fastest."""
