@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.db.models import prefetch_related_objects
+
 from monitor.models import Region, Route, Task
 from monitor.pages.common import Range
 from monitor.stats import rollups, selection
@@ -79,6 +81,8 @@ class Matrix:
 
 def build(task: Task, metric: str, window: Range, now: datetime) -> Matrix:
     metric = metric if metric in METRICS else DEFAULT_METRIC
+    # Every region's choice asks whether the task is a scenario: one query, not one a region.
+    prefetch_related_objects([task], "steps")
     routes = [r for r in task.routes.select_related("provider") if r.is_active]
     regions = list(task.regions.filter(is_active=True).order_by("name"))
     until = now + timedelta(hours=1)
