@@ -24,6 +24,7 @@ from monitor.models import (
     STATUS_OK,
     STATUS_OVER,
     STATUS_UNKNOWN,
+    Heartbeat,
     OverviewSnapshot,
     Region,
     Task,
@@ -298,11 +299,11 @@ def _cell(
 
 # The overview is the same for every reader and refreshes itself in every open tab, so it is
 # computed once, stored as a snapshot, and read ready-made: beat rebuilds it every half
-# refresh interval (monitor.tasks.refresh_overview); a reader that finds it older than
-# LATE_REFRESHES refresh intervals (beat down, first start) rebuilds it itself, and a
-# configuration change drops it (monitor.apps). Between one and LATE_REFRESHES intervals beat's
-# rebuild is running late (at 3x the bench's load it took 6.7 s, every 7.5 s): readers get the
-# snapshot, which says when it was built, instead of each rebuilding it for seconds at once.
+# refresh interval (monitor.tasks.refresh_overview); a reader that finds it older than the
+# refresh interval rebuilds it itself when beat is not ticking (down, first start), and a
+# configuration change drops it (monitor.apps). While beat ticks, its rebuild is running late
+# (at 3x the bench's load it took 6.7 s, every 7.5 s): up to LATE_REFRESHES intervals readers
+# get the snapshot, which says when it was built, instead of each rebuilding it for seconds.
 SNAPSHOT_KEY = "overview"
 LATE_REFRESHES = 4
 
@@ -326,19 +327,25 @@ def refresh(now: datetime | None = None, *, keep_settled: bool = False) -> Overv
 
 
 def current(now: datetime | None = None) -> Overview:
-    """The overview as beat last built it, normally at most one refresh interval ago, never
-    more than LATE_REFRESHES (one small read when it is)."""
+    """The overview as beat last built it, at most one refresh interval ago; up to
+    LATE_REFRESHES while beat is ticking (its rebuild is running late), never more. One small
+    read when it is."""
     now = now or timezone.now()
     snapshot = (
         OverviewSnapshot.objects.filter(
             key=SNAPSHOT_KEY, built_at__gt=now - max_age() * LATE_REFRESHES
         )
-        .values_list("data", flat=True)
+        .values_list("data", "built_at")
         .first()
     )
-    if snapshot is None:
+    if snapshot is None or (snapshot[1] <= now - max_age() and not _beat_ticking(now)):
         return refresh(now)
-    return Overview.from_json(snapshot).at(now)
+    return Overview.from_json(snapshot[0]).at(now)
+
+
+def _beat_ticking(now: datetime) -> bool:
+    """Beat ticked within the last two refresh intervals: it is there to rebuild the snapshot."""
+    return Heartbeat.objects.filter(name="tick", last_seen__gt=now - 2 * max_age()).exists()
 
 
 def forget(**kwargs: object) -> None:
