@@ -39,6 +39,7 @@ from monitor.models import (
     OUTCOME_OK,
     PREFIX_STABLE,
     EvalCase,
+    OverviewSnapshot,
     ProbeResult,
     RaceRun,
     Region,
@@ -433,6 +434,9 @@ def generate(
         ]
     written += ingest.ingest(results_to_json(tail))
     raced = _races(tasks, config, start, end, rtt, rng)
+    # An overview computed while the history was being written (an open page refreshing
+    # itself) lacks most of it: drop it, so the next read has the whole history at once.
+    OverviewSnapshot.objects.all().delete()
     log.info(
         "demo history: %d generated results and %d races from %s to %s",
         written,
