@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -139,7 +139,16 @@ class LogPage:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def page(f: LogFilter, cursor: Cursor | None, now: datetime, size: int = PAGE_SIZE) -> LogPage:
+def page(
+    f: LogFilter,
+    cursor: Cursor | None,
+    now: datetime,
+    size: int = PAGE_SIZE,
+    *,
+    known: Iterable[Task | Route | Region] = (),
+) -> LogPage:
+    """`known`: tasks, routes (with their providers) and regions already read (the page's
+    filter lists): the rows take theirs from them rather than reading them again."""
     base = filtered(f)
     since = f.since(now)
     upper = cursor.started_at if cursor else now + timedelta(minutes=1)
@@ -166,6 +175,18 @@ def page(f: LogFilter, cursor: Cursor | None, now: datetime, size: int = PAGE_SI
         step *= 4
     more = len(rows) > size
     rows = rows[:size]
+    by_key: dict[tuple[type, int | None], Task | Route | Region] = {
+        (type(obj), obj.pk): obj for obj in known
+    }
+    for row in rows:
+        for name, model, pk in (
+            ("task", Task, row.task_id),
+            ("route", Route, row.route_id),
+            ("region", Region, row.region_id),
+        ):
+            if (model, pk) in by_key:
+                setattr(row, name, by_key[model, pk])
+    # Any not known: one read each (those known are not read again).
     prefetch_related_objects(rows, "task", "route__provider", "region")
     return LogPage(
         filter=f,

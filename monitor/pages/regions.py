@@ -87,19 +87,18 @@ def build(task: Task, metric: str, window: Range, now: datetime) -> Matrix:
     regions = list(task.regions.filter(is_active=True).order_by("name"))
     until = now + timedelta(hours=1)
     since = window.since(now)
-    # Settled hours kept between reads: the page refreshes itself in an open tab.
+    # Every cell and each route's all-regions figures (its quality: region None) in one
+    # read; settled hours kept between reads: the page refreshes itself in an open tab.
     per_cell = rollups.stats_over(
         since=since,
         until=until,
         grain=window.stats_grain,
         key_fields=["route_id", "region_id"],
-        all_regions=False,
+        all_regions=None,
         where={"task_id": task.pk},
         keep_settled=True,
     )
-    quality = selection.per_route(
-        task, since=since, until=until, grain=window.stats_grain, histograms=False
-    )
+    quality = {k[0]: s for k, s in per_cell.items() if k[1] is None and k[0] is not None}
     held = stats_winners.incumbents([task.pk])
     winners: dict[int, int | None] = {}
     reasons: dict[tuple[int, int], str] = {}

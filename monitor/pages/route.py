@@ -11,6 +11,7 @@ and the median probe (the one of the last 24 hours nearest the rollups' median).
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -217,26 +218,16 @@ def series(
 
 
 def median_probe(
-    route: Route, task: Task, region: Region | None, now: datetime, rows: list[dict[str, Any]]
+    rows: list[dict[str, Any]], stats: Stats | None, regions: list[Region], now: datetime
 ) -> dict[str, Any] | None:
-    """The successful probe of the last 24 h whose e2e is nearest the rollups' median, among
-    `rows` (the most recent probes, comparison_rows): no raw read of its own, which over a
-    route probed by 20 tasks from 6 regions scanned 172,800 index entries (13 ms)."""
-    since = now - RAW_WINDOW
-    where = {"route_id": route.pk, "task_id": task.pk}
-    if region is not None:
-        where["region_id"] = region.pk
-    stats = rollups.stats_over(
-        since=since,
-        until=now + timedelta(hours=1),
-        key_fields=["route_id"],
-        all_regions=region is None,
-        where=where,
-        keep_settled=True,
-    ).get((route.pk,))
+    """The successful probe of the last 24 h whose e2e is nearest the median of `stats` (the
+    rollups' last 24 h), among `rows` (the most recent probes, comparison_rows): no raw read of
+    its own, which over a route probed by 20 tasks from 6 regions scanned 172,800 index
+    entries (13 ms)."""
     median = stats.e2e_ms(50) if stats else None
     if median is None:
         return None
+    since = now - RAW_WINDOW
     candidates = [
         r
         for r in rows
@@ -246,8 +237,27 @@ def median_probe(
         return None
     # min() keeps the first of equals: rows are newest first.
     probe = dict(min(candidates, key=lambda r: abs(r["e2e_ms"] - median)))
-    probe["region_name"] = Region.objects.values_list("name", flat=True).get(pk=probe["region_id"])
+    names = {g.pk: g.name for g in regions}
+    probe["region_name"] = names.get(probe["region_id"]) or (
+        Region.objects.values_list("name", flat=True).get(pk=probe["region_id"])
+    )
     return probe
+
+
+def stats_24h(route: Route, task: Task, region: Region | None, now: datetime) -> Stats | None:
+    """The rollups' last RAW_WINDOW of the route for the task (in `region`, or all regions
+    merged): what the median probe is chosen against when the page shows another window."""
+    where = {"route_id": route.pk, "task_id": task.pk}
+    if region is not None:
+        where["region_id"] = region.pk
+    return rollups.stats_over(
+        since=now - RAW_WINDOW,
+        until=now + timedelta(hours=1),
+        key_fields=["route_id"],
+        all_regions=region is None,
+        where=where,
+        keep_settled=True,
+    ).get((route.pk,))
 
 
 def waterfall(probe: dict[str, Any] | None) -> list[Segment]:
@@ -395,89 +405,149 @@ def not_sent(route: Route, task: Task) -> list[str]:
     return notes
 
 
+_COMPARISON_FIELDS = (
+    "id",
+    "started_at",
+    "region_id",
+    "http_version",
+    "connection_reused",
+    "cold",
+    "body_encoding",
+    "prefix_mode",
+    "served_model",
+    "service_tier",
+    "outcome",
+    "dns_ms",
+    "connect_ms",
+    "tls_ms",
+    "upload_ms",
+    "ttft_ms",
+    "ttfat_ms",
+    "e2e_ms",
+    "request_bytes",
+    "reasoning_tokens",
+    "hidden_reasoning_tokens",
+    "tps_token_source",
+)
+
+
 def comparison_rows(
-    route: Route, task: Task, region: Region | None, since: datetime
+    route: Route,
+    task: Task,
+    region: Region | None,
+    since: datetime,
+    now: datetime,
+    probes: int,
 ) -> list[dict[str, Any]]:
     """The window's most recent raw rows (at most COMPARISON_ROWS), newest first, for
-    comparisons, the reasoning figures and the median probe."""
+    comparisons, the reasoning figures and the median probe. `probes`: how many the window
+    holds (its rollups' count). When that is many more than COMPARISON_ROWS, only the newest
+    part of the window that should hold them is read (its share, with a margin of half
+    again): no index orders a (task, route)'s rows by time, so PostgreSQL reads and sorts
+    every row of what it is asked for (8,640 over 24 h at one probe a minute from 6 regions,
+    for 2,000). Should that part hold fewer, the whole window is read."""
+    start = since
+    if probes > COMPARISON_ROWS:
+        start = max(since, now - (now - since) * (COMPARISON_ROWS * 1.5 / probes))
+    rows = _newest(route, task, region, start)
+    if len(rows) < COMPARISON_ROWS and start > since:
+        rows = _newest(route, task, region, since)
+    return rows
+
+
+def _newest(
+    route: Route, task: Task, region: Region | None, since: datetime
+) -> list[dict[str, Any]]:
     raw = ProbeResult.objects.filter(route=route, task=task, started_at__gte=since)
     if region is not None:
         raw = raw.filter(region=region)
-    return [
-        dict(r)
-        for r in raw.order_by("-started_at").values(
-            "id",
-            "started_at",
-            "region_id",
-            "ttfb_ms",
-            "output_tokens",
-            "tps",
-            "http2",
-            "cold",
-            "body_encoding",
-            "prefix_mode",
-            "http_version",
-            "connection_reused",
-            "served_model",
-            "service_tier",
-            "outcome",
-            "dns_ms",
-            "connect_ms",
-            "tls_ms",
-            "upload_ms",
-            "ttft_ms",
-            "ttfat_ms",
-            "e2e_ms",
-            "request_bytes",
-            "reasoning_tokens",
-            "hidden_reasoning_tokens",
-            "tps_token_source",
-        )[:COMPARISON_ROWS]
-    ]
+    return list(raw.order_by("-started_at").values(*_COMPARISON_FIELDS)[:COMPARISON_ROWS])
+
+
+def _bucket(value: float | None) -> int | None:
+    """A value's histogram bucket (monitor.stats.hist.MS), None where hist.build skips it."""
+    if value is None or not math.isfinite(value):
+        return None
+    return hist.MS.index(value)
+
+
+@dataclass
+class _Facts:
+    """What the comparisons need of one raw row, worked out once (not once per dimension)."""
+
+    ok: bool
+    ttft: int | None  # buckets, of successful probes only
+    e2e: int | None
+    upload: int | None
+    setup: int | None  # dns + connect + tls, where a connection was made
+    request_bytes: int | None
+
+
+def _facts(r: dict[str, Any]) -> _Facts:
+    ok = r["outcome"] == OUTCOME_OK
+    setup = None
+    if ok and r["connect_ms"] is not None:
+        setup = _bucket((r["dns_ms"] or 0) + r["connect_ms"] + (r["tls_ms"] or 0))
+    return _Facts(
+        ok=ok,
+        ttft=_bucket(r["ttft_ms"]) if ok else None,
+        e2e=_bucket(r["e2e_ms"]) if ok else None,
+        upload=_bucket(r["upload_ms"]) if ok else None,
+        setup=setup,
+        request_bytes=r["request_bytes"],
+    )
+
+
+def _histogram(buckets: list[int | None]) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for b in buckets:
+        if b is not None:
+            counts[b] = counts.get(b, 0) + 1
+    return counts
+
+
+def _group(value: str, members: list[_Facts]) -> OptionGroup:
+    ttft = _histogram([m.ttft for m in members])
+    e2e = _histogram([m.e2e for m in members])
+    sizes = [m.request_bytes for m in members if m.request_bytes is not None]
+    return OptionGroup(
+        value=value,
+        probes=len(members),
+        ok=sum(m.ok for m in members),
+        ttft_p50=percentile(ttft, 50),
+        ttft_p95=percentile(ttft, 95),
+        e2e_p50=percentile(e2e, 50),
+        e2e_p95=percentile(e2e, 95),
+        upload_p50_ms=percentile(_histogram([m.upload for m in members]), 50).point,
+        setup_p50_ms=percentile(_histogram([m.setup for m in members]), 50).point,
+        mean_request_bytes=sum(sizes) / len(sizes) if sizes else None,
+    )
 
 
 def comparisons(rows: list[dict[str, Any]]) -> list[Comparison]:
     """Side by side, for each dimension the rows took more than one way."""
+    facts = [_facts(r) for r in rows]
     out = []
     for dimension, key in _DIMENSIONS:
-        groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for r in rows:
-            groups[key(r)].append(r)
-        if len(groups) < 2:
-            continue
-        stats = []
-        for value, members in sorted(groups.items()):
-            ok = [m for m in members if m["outcome"] == OUTCOME_OK]
-            setup = [
-                (m["dns_ms"] or 0) + (m["connect_ms"] or 0) + (m["tls_ms"] or 0)
-                for m in ok
-                if m["connect_ms"] is not None
-            ]
-            sizes = [m["request_bytes"] for m in members if m["request_bytes"] is not None]
-            ttft = _counts([m["ttft_ms"] for m in ok])
-            e2e = _counts([m["e2e_ms"] for m in ok])
-            stats.append(
-                OptionGroup(
-                    value=value,
-                    probes=len(members),
-                    ok=len(ok),
-                    ttft_p50=percentile(ttft, 50),
-                    ttft_p95=percentile(ttft, 95),
-                    e2e_p50=percentile(e2e, 50),
-                    e2e_p95=percentile(e2e, 95),
-                    upload_p50_ms=_p50([m["upload_ms"] for m in ok if m["upload_ms"] is not None]),
-                    setup_p50_ms=_p50(setup),
-                    mean_request_bytes=sum(sizes) / len(sizes) if sizes else None,
-                )
-            )
-        out.append(Comparison(dimension=dimension, groups=stats))
+        groups: dict[str, list[_Facts]] = defaultdict(list)
+        for r, f in zip(rows, facts, strict=True):
+            groups[key(r)].append(f)
+        if len(groups) >= 2:
+            stats = [_group(value, members) for value, members in sorted(groups.items())]
+            out.append(Comparison(dimension=dimension, groups=stats))
     return out
 
 
 def build(
-    route: Route, task: Task | None, region: Region | None, window: Range, now: datetime
+    route: Route,
+    tasks: list[Task],
+    task: Task | None,
+    region: Region | None,
+    window: Range,
+    now: datetime,
 ) -> RoutePage:
-    tasks = list(route.tasks.filter(is_active=True).order_by("name"))
+    """`tasks`: the active tasks probing the route (the page's task chips), `task` one of
+    them (None: no task probes it)."""
     if task is None:
         return RoutePage(
             route=route,
@@ -498,23 +568,22 @@ def build(
             now=now,
         )
     regions = list(task.regions.filter(is_active=True).order_by("name"))
-    until = now + timedelta(hours=1)
-    # Settled hours kept between reads: the page refreshes itself in an open tab.
-    per_region, merged_by_route = (
-        rollups.stats_over(
+    # Each region's figures and all regions merged (under None) in one read; settled hours
+    # kept between reads: the page refreshes itself in an open tab.
+    by_region: dict[int | None, Stats] = {
+        k[0]: s
+        for k, s in rollups.stats_over(
             since=window.since(now),
-            until=until,
+            until=now + timedelta(hours=1),
             grain=window.stats_grain,
-            key_fields=[key],
-            all_regions=key == "route_id",
+            key_fields=["region_id"],
+            all_regions=None,
             where={"route_id": route.pk, "task_id": task.pk},
             keep_settled=True,
-        )
-        for key in ("region_id", "route_id")
-    )
-    merged = merged_by_route.get((route.pk,))
+        ).items()
+    }
+    merged = by_region.pop(None, None)
     summaries = []
-    by_region: dict[int | None, Stats] = {k[0]: s for k, s in per_region.items()}
     for g in regions:
         if g.pk in by_region:
             stats = by_region[g.pk]
@@ -523,8 +592,12 @@ def build(
         summaries.append(RegionSummary(None, merged, not task.is_fresh(merged.last_probe_at, now)))
     selected = by_region.get(region.pk) if region is not None else merged
     kinds = sorted((selected.error_kinds if selected else {}).items(), key=lambda kv: -kv[1])
-    rows = comparison_rows(route, task, region, window.since(now))
-    probe = median_probe(route, task, region, now, rows)
+    since = window.since(now)
+    rows = comparison_rows(route, task, region, since, now, selected.count if selected else 0)
+    # The median probe is chosen against the last 24 h: the selected figures, when that is
+    # the window.
+    day = selected if window.length == RAW_WINDOW else stats_24h(route, task, region, now)
+    probe = median_probe(rows, day, regions, now)
     return RoutePage(
         route=route,
         tasks=tasks,

@@ -120,7 +120,8 @@ def overview(request: HtmxHttpRequest) -> HttpResponse:
 
 @readonly_page
 def task_detail(request: HtmxHttpRequest, slug: str) -> HttpResponse:
-    task = get_object_or_404(Task, slug=slug)
+    # Its steps with it: the choice, the scenario panel and the calculator each ask for them.
+    task = get_object_or_404(Task.objects.prefetch_related("steps"), slug=slug)
     region = _region(request.GET.get("region"), task)
     window = parse_range(request.GET, not_before=hidden_before(request))
     now = timezone.now()
@@ -142,12 +143,16 @@ def task_detail(request: HtmxHttpRequest, slug: str) -> HttpResponse:
 @readonly_page
 def route_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     route = get_object_or_404(Route.objects.select_related("provider"), pk=pk)
-    task = _task(request, route.tasks.filter(is_active=True).order_by("name"))
+    # The task chips and the chosen task in one read; its steps with it (is it a scenario?).
+    tasks = list(route.tasks.filter(is_active=True).order_by("name").prefetch_related("steps"))
+    slug = request.GET.get("task")
+    task = next((t for t in tasks if t.slug == slug), None) if slug else None
+    task = task or (tasks[0] if tasks else None)
     region = _region(request.GET.get("region"), task) if task else None
     window = parse_range(request.GET, not_before=hidden_before(request))
     now = timezone.now()
     ctx = {
-        "page": pages_route.build(route, task, region, window, now),
+        "page": pages_route.build(route, tasks, task, region, window, now),
         "scenario": pages_scenario.build(route, task, region, window, now) if task else None,
         "route": route,
         "ranges": RANGES.values(),
@@ -180,13 +185,16 @@ def probe_log(request: HtmxHttpRequest) -> HttpResponse:
     f = pages_log.parse_filter(request.GET)
     f.not_before = hidden_until(request)
     cursor = pages_log.Cursor.decode(request.GET.get("before"))
-    data = pages_log.page(f, cursor, timezone.now())
+    tasks = list(Task.objects.order_by("name"))
+    routes = list(Route.objects.select_related("provider").order_by("provider__name", "model_id"))
+    regions = list(Region.objects.order_by("name"))
+    data = pages_log.page(f, cursor, timezone.now(), known=[*tasks, *routes, *regions])
     ctx = {
         "page": data,
         "f": f,
-        "tasks": Task.objects.order_by("name"),
-        "routes": Route.objects.select_related("provider").order_by("provider__name", "model_id"),
-        "regions_all": Region.objects.order_by("name"),
+        "tasks": tasks,
+        "routes": routes,
+        "regions_all": regions,
         "outcomes": OUTCOMES,
         "error_kinds": ERROR_KINDS,
         "ranges": pages_log.LOG_RANGES.keys(),

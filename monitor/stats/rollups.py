@@ -453,10 +453,15 @@ def grain_for(window: timedelta) -> str:
 
 
 def rows(
-    *, since: datetime, until: datetime, grain: str, all_regions: bool = False
+    *, since: datetime, until: datetime, grain: str, all_regions: bool | None = False
 ) -> QuerySet[Rollup]:
+    """The rows of [since, until): each region's (all_regions=False), the all-regions rows
+    (region NULL: True), or both (None: keyed by region_id, the merged figures come back
+    under region None, in the same read)."""
     qs = Rollup.objects.filter(grain=grain, bucket_start__gte=bucket_start(since, grain))
     qs = qs.filter(bucket_start__lt=until)
+    if all_regions is None:
+        return qs
     return qs.filter(region__isnull=True) if all_regions else qs.filter(region__isnull=False)
 
 
@@ -528,7 +533,7 @@ def stats_over(
     until: datetime,
     grain: str = GRAIN_HOUR,
     key_fields: Sequence[str],
-    all_regions: bool,
+    all_regions: bool | None,
     histograms: bool = True,
     task_ids: Sequence[int] | None = None,
     where: Mapping[str, int] | None = None,

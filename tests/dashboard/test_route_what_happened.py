@@ -79,3 +79,37 @@ def test_the_page_names_options_the_provider_cannot_take(
     assert "Not sent to this route: HTTP/2: Plain is not set to support it" in body
     assert "msgpack + gzip bodies: Plain does not accept them" in body
     assert 'class="card reasoning"' not in body  # nothing reasoned
+
+
+def test_comparison_rows_read_the_newest_part_of_the_window_and_all_of_it_when_needed(
+    db: None, monkeypatch: Any
+) -> None:
+    """The newest COMPARISON_ROWS probes, whether the window's probes are spread evenly (the
+    newest part holds them) or bunched at its start (the whole window is read)."""
+    from monitor.pages import route as pages_route
+
+    monkeypatch.setattr(pages_route, "COMPARISON_ROWS", 20)
+    p = f.provider("gateway")
+    r = f.route(p, "chat")
+    g = f.region("eu-west")
+    t = f.task("qa", [r], [g])
+    now = timezone.now()
+    since = now - timedelta(hours=24)
+    # 96 probes spread over the day, one every 15 minutes.
+    even = [f.payload(t, r, g, now - timedelta(minutes=15 * i + 1)) for i in range(96)]
+    assert ingest.ingest(even) == 96
+    newest = [row["id"] for row in pages_route._newest(r, t, None, since)]
+    assert len(newest) == 20
+    rows = pages_route.comparison_rows(r, t, None, since, now, 96)
+    assert [row["id"] for row in rows] == newest
+
+    # Another task's probes, bunched: 90 in the window's first hours, 5 recent ones.
+    t2 = f.task("bunched", [r], [g])
+    old = [f.payload(t2, r, g, since + timedelta(minutes=2 * i + 1)) for i in range(90)]
+    recent = [f.payload(t2, r, g, now - timedelta(minutes=i + 1)) for i in range(5)]
+    assert ingest.ingest(old + recent) == 95
+    rows = pages_route.comparison_rows(r, t2, None, since, now, 95)
+    expected = [row["id"] for row in pages_route._newest(r, t2, None, since)]
+    assert len(rows) == 20
+    assert [row["id"] for row in rows] == expected
+    assert sum(row["started_at"] > now - timedelta(hours=1) for row in rows) == 5
