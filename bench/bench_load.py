@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import os
 import re
 import signal
@@ -184,6 +185,8 @@ class Pages(threading.Thread):
         self.nice = nice
         self.stop = threading.Event()
         self.times: dict[str, list[float]] = {}
+        self.sql: dict[str, list[float]] = {}  # of each read, the time its queries took (ms)
+        self.queries: dict[str, int] = {}  # queries of the page's last read
         self.failed = 0
 
     def urls(self) -> list[tuple[str, str]]:
@@ -203,15 +206,30 @@ class Pages(threading.Thread):
         ]
 
     def once(self, client: Any, urls: list[tuple[str, str]]) -> None:
+        from django.db import connection
+
+        spent: list[float] = []
+
+        def timed(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return execute(sql, params, many, context)
+            finally:
+                spent.append((time.perf_counter() - t) * 1000)
+
         for name, url in urls:
-            t0 = time.perf_counter()
-            response = client.get(url)
-            if getattr(response, "streaming", False):
-                b"".join(response.streaming_content)
-            ms = (time.perf_counter() - t0) * 1000
+            spent.clear()
+            with connection.execute_wrapper(timed):
+                t0 = time.perf_counter()
+                response = client.get(url)
+                if getattr(response, "streaming", False):
+                    b"".join(response.streaming_content)
+                ms = (time.perf_counter() - t0) * 1000
             if response.status_code != 200:
                 self.failed += 1
             self.times.setdefault(name, []).append(ms)
+            self.sql.setdefault(name, []).append(sum(spent))
+            self.queries[name] = len(spent)
 
     def run(self) -> None:
         from django.contrib.auth.models import User
@@ -374,6 +392,7 @@ def run(ns: argparse.Namespace) -> int:
     user, _ = User.objects.get_or_create(username="bench-load", is_staff=True)
     client = Client(SERVER_NAME="localhost")
     client.force_login(user)
+    gc.freeze()  # as monitor.wsgi does once the application is loaded
     idle.once(client, urls)  # warm: templates compiled, caches filled, as on a running server
     idle.times.clear()
     for _ in range(10):
@@ -597,16 +616,21 @@ def run(ns: argparse.Namespace) -> int:
     print(f"  {'component':18} {'CPU (cores)':>11} {'RSS (MiB)':>10}")
     for name in cpu:
         print(f"  {name:18} {cpu[name]:11.2f} {rss[name]:10.0f}")
-    print(f"  {'page':14} {'idle p95':>9} {'load p50':>9} {'load p95':>9} {'load/idle':>9}")
+    print(
+        f"  {'page':14} {'idle p95':>9} {'load p50':>9} {'load p95':>9} {'load/idle':>9}"
+        f"  {'queries':>7} {'SQL p50':>8} {'SQL p95':>8}"
+    )
     worst = 0.0
     for name, _url in urls:
         base = idle.times.get(name, [])
         during = pages.times.get(name, [])
         p95 = _p(during, 0.95)
         worst = max(worst, p95)
+        sql = pages.sql.get(name, [])
         print(
             f"  {name:14} {_p(base, 0.95):7.1f}ms {_p(during, 0.5):7.1f}ms {p95:7.1f}ms "
-            f"{p95 / _p(base, 0.95):8.1f}x  ({len(during)} reads)"
+            f"{p95 / _p(base, 0.95):8.1f}x  {pages.queries.get(name, 0):7} "
+            f"{_p(sql, 0.5):6.1f}ms {_p(sql, 0.95):6.1f}ms  ({len(during)} reads)"
         )
     print(
         f"  pages: worst p95 {worst:.1f} ms  {'ok' if worst < 100 else 'MISSES TARGET'} (< 100 ms); {pages.failed} failed reads"

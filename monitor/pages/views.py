@@ -12,7 +12,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
 from django.db import InterfaceError, OperationalError, connection
-from django.db.models import Max, QuerySet
+from django.db.models import Max
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
@@ -71,10 +71,12 @@ def _region(slug: str | None, task: Task | None = None) -> Region | None:
     return qs.filter(slug=slug).first()
 
 
-def _task(request: HtmxHttpRequest, tasks: QuerySet[Task]) -> Task | None:
-    """The task named by ?task=, else the first of `tasks` (None when there are none)."""
+def _task(request: HtmxHttpRequest, tasks: list[Task]) -> Task | None:
+    """The task named by ?task=, else the first of `tasks` (None when there are none). A list:
+    the page shows them all as its chips, so it reads them once."""
     slug = request.GET.get("task")
-    return (tasks.filter(slug=slug).first() if slug else None) or tasks.first()
+    named = next((t for t in tasks if t.slug == slug), None) if slug else None
+    return named or (tasks[0] if tasks else None)
 
 
 def _last_probe_at() -> datetime | None:
@@ -145,9 +147,7 @@ def route_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     route = get_object_or_404(Route.objects.select_related("provider"), pk=pk)
     # The task chips and the chosen task in one read; its steps with it (is it a scenario?).
     tasks = list(route.tasks.filter(is_active=True).order_by("name").prefetch_related("steps"))
-    slug = request.GET.get("task")
-    task = next((t for t in tasks if t.slug == slug), None) if slug else None
-    task = task or (tasks[0] if tasks else None)
+    task = _task(request, tasks)
     region = _region(request.GET.get("region"), task) if task else None
     window = parse_range(request.GET, not_before=hidden_before(request))
     now = timezone.now()
@@ -164,7 +164,7 @@ def route_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 
 @readonly_page
 def regions(request: HtmxHttpRequest) -> HttpResponse:
-    tasks = Task.objects.filter(is_active=True).order_by("name")
+    tasks = list(Task.objects.filter(is_active=True).order_by("name"))
     task = _task(request, tasks)
     window = parse_range(request.GET, not_before=hidden_before(request))
     metric = request.GET.get("metric") or pages_regions.DEFAULT_METRIC
@@ -206,7 +206,7 @@ def probe_log(request: HtmxHttpRequest) -> HttpResponse:
 
 @readonly_page
 def races(request: HtmxHttpRequest) -> HttpResponse:
-    tasks = Task.objects.filter(is_active=True).order_by("name")
+    tasks = list(Task.objects.filter(is_active=True).order_by("name"))
     task = _task(request, tasks)
     region = _region(request.GET.get("region"), task) if task else None
     window = parse_range(request.GET, not_before=hidden_before(request))
