@@ -358,3 +358,35 @@ def test_the_overview_window_reads_its_settled_hours_once_and_agrees_with_a_full
     assert _figures(selection.Window.read(since, until, keep_settled=True)) == _figures(
         selection.Window.read(since, until)
     )
+
+
+def test_one_read_gives_each_regions_figures_and_all_regions_merged(setup) -> None:
+    """all_regions=None: the per-region rows and the all-regions rows in one read, the merged
+    figures under region None, equal to what the two reads give apart (kept hours or not)."""
+    t, r1, _r2, eu, us = setup
+    now = T0 + timedelta(hours=9, minutes=30)
+    ingest.ingest(
+        [
+            f.payload(t, r1, g, T0 + timedelta(minutes=17 * i), ttft_ms=100.0 + 7 * i)
+            for i in range(33)
+            for g in (eu, us)
+        ]
+    )
+    window = {"since": now - timedelta(hours=24), "until": now + timedelta(hours=1)}
+    where = {"task_id": t.pk, "route_id": r1.pk}
+    for keep in (False, True, True):
+        both = rollups.stats_over(
+            **window, key_fields=["region_id"], all_regions=None, where=where, keep_settled=keep
+        )
+        each = rollups.stats_over(
+            **window, key_fields=["region_id"], all_regions=False, where=where, keep_settled=keep
+        )
+        merged = rollups.stats_over(
+            **window, key_fields=["route_id"], all_regions=True, where=where, keep_settled=keep
+        )[(r1.pk,)]
+        assert set(both) == {(eu.pk,), (us.pk,), (None,)}
+        assert both[(None,)].count == merged.count == 66
+        assert both[(None,)].ttft_counts == merged.ttft_counts
+        for key in ((eu.pk,), (us.pk,)):
+            assert both[key].count == each[key].count == 33
+            assert both[key].ttft_counts == each[key].ttft_counts
