@@ -187,14 +187,14 @@ def probe_log(request: HtmxHttpRequest) -> HttpResponse:
     cursor = pages_log.Cursor.decode(request.GET.get("before"))
     tasks = list(Task.objects.order_by("name"))
     routes = list(Route.objects.select_related("provider").order_by("provider__name", "model_id"))
-    regions = list(Region.objects.order_by("name"))
-    data = pages_log.page(f, cursor, timezone.now(), known=[*tasks, *routes, *regions])
+    regions_all = list(Region.objects.order_by("name"))
+    data = pages_log.page(f, cursor, timezone.now(), known=[*tasks, *routes, *regions_all])
     ctx = {
         "page": data,
         "f": f,
         "tasks": tasks,
         "routes": routes,
-        "regions_all": regions,
+        "regions_all": regions_all,
         "outcomes": OUTCOMES,
         "error_kinds": ERROR_KINDS,
         "ranges": pages_log.LOG_RANGES.keys(),
