@@ -390,3 +390,34 @@ def test_one_read_gives_each_regions_figures_and_all_regions_merged(setup) -> No
         for key in ((eu.pk,), (us.pk,)):
             assert both[key].count == each[key].count == 33
             assert both[key].ttft_counts == each[key].ttft_counts
+
+
+def test_daily_rows_keep_their_settled_days_and_agree_with_a_full_read(setup) -> None:
+    """Windows read by day (a page's 30 days): days that ended are read once and kept;
+    today's row each time."""
+    t, r1, r2, eu, _us = setup
+    now = T0 + timedelta(days=3, hours=5)
+    ingest.ingest(
+        [
+            f.payload(t, r, eu, T0 + timedelta(hours=7 * i), ttft_ms=200.0 + 11 * i)
+            for i in range(11)  # T0 to T0 + 70 h: three settled days and today
+            for r in (r1, r2)
+        ]
+    )
+    window = {"since": T0 - timedelta(days=400), "until": now + timedelta(hours=1)}
+    keys = ["task_id", "route_id", "region_id"]
+
+    def read(keep: bool) -> dict[tuple[int | None, ...], rollups.Stats]:
+        return rollups.stats_over(
+            **window, grain="day", key_fields=keys, all_regions=False, keep_settled=keep
+        )
+
+    full, first, again = read(False), read(True), read(True)
+    for got in (first, again):
+        assert {k: (s.count, s.ttft_counts) for k, s in got.items()} == {
+            k: (s.count, s.ttft_counts) for k, s in full.items()
+        }
+    assert full[(t.pk, r1.pk, eu.pk)].count == 11
+    # A result today shows at once; the settled days are not read again.
+    ingest.ingest([f.payload(t, r1, eu, now - timedelta(minutes=5))])
+    assert read(True)[(t.pk, r1.pk, eu.pk)].count == 12
