@@ -46,6 +46,9 @@ RAW_WINDOW = timedelta(hours=24)
 # to read and group on a route probed by 20 tasks from 6 regions; 2,000 still split into
 # groups large enough for a p95 with its interval.
 COMPARISON_ROWS = 2000
+# The newest part of the window read first for them holds this many times COMPARISON_ROWS by
+# the rollups' count (probes are not spread exactly evenly).
+COMPARISON_MARGIN = 1.5
 # Headroom is about now: the latest headers of the last hour. Over 24 h, a route probed by 20
 # tasks from 6 regions has 172,800 rows to search when its provider sends no such headers
 # (34 ms); an hour has 7,200.
@@ -350,13 +353,6 @@ def _p50(values: list[float]) -> float | None:
     return hist.percentile(hist.build(values, hist.MS), 50, hist.MS) if values else None
 
 
-def _counts(values: list[float | None]) -> dict[int, int]:
-    """Values as a {bucket: count} histogram (monitor.stats.hist), for percentile intervals."""
-    counts: dict[int, int] = {}
-    hist.add_into(counts, hist.build(values, hist.MS))
-    return counts
-
-
 def _median(values: list[int]) -> float | None:
     return float(statistics.median(values)) if values else None
 
@@ -442,13 +438,13 @@ def comparison_rows(
     """The window's most recent raw rows (at most COMPARISON_ROWS), newest first, for
     comparisons, the reasoning figures and the median probe. `probes`: how many the window
     holds (its rollups' count). When that is many more than COMPARISON_ROWS, only the newest
-    part of the window that should hold them is read (its share, with a margin of half
-    again): no index orders a (task, route)'s rows by time, so PostgreSQL reads and sorts
+    part of the window that should hold them is read (its share, COMPARISON_MARGIN times):
+    no index orders a (task, route)'s rows by time, so PostgreSQL reads and sorts
     every row of what it is asked for (8,640 over 24 h at one probe a minute from 6 regions,
     for 2,000). Should that part hold fewer, the whole window is read."""
     start = since
     if probes > COMPARISON_ROWS:
-        start = max(since, now - (now - since) * (COMPARISON_ROWS * 1.5 / probes))
+        start = max(since, now - (now - since) * (COMPARISON_ROWS * COMPARISON_MARGIN / probes))
     rows = _newest(route, task, region, start)
     if len(rows) < COMPARISON_ROWS and start > since:
         rows = _newest(route, task, region, since)

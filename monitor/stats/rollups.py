@@ -544,7 +544,12 @@ def stats_over(
     before `until`'s hour are read once and kept in this process (compacted, SETTLED_TTL at
     most), so a window read again as it slides reads only its recent rows: the overview's
     rebuild every few seconds (25 hours of 3,600 combinations: 1.6 s), a page refreshed in
-    an open tab, a page's 30-day window read by day."""
+    an open tab, a page's 30-day window read by day. `all_regions=None` reads each region's
+    rows and the all-regions rows together (rows()): keyed by region_id, which must be among
+    `key_fields`."""
+    if all_regions is None and "region_id" not in key_fields:
+        # Both kinds of row summed under one key would count every probe twice.
+        raise ValueError("all_regions=None needs region_id among the key fields")
     filters: dict[str, Any] = dict(where or {})
     if task_ids is not None:
         filters["task_id__in"] = list(task_ids)

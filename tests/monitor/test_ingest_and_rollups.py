@@ -390,6 +390,8 @@ def test_one_read_gives_each_regions_figures_and_all_regions_merged(setup) -> No
         for key in ((eu.pk,), (us.pk,)):
             assert both[key].count == each[key].count == 33
             assert both[key].ttft_counts == each[key].ttft_counts
+    with pytest.raises(ValueError, match="region_id"):
+        rollups.stats_over(**window, key_fields=["route_id"], all_regions=None, where=where)
 
 
 def test_daily_rows_keep_their_settled_days_and_agree_with_a_full_read(setup) -> None:
