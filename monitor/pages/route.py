@@ -14,12 +14,13 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict
 
 from django.db import connection
-from django.db.models import Q
+from django.db.models import FloatField, Func, Q
 from django.utils.safestring import SafeString, mark_safe
 
 from monitor.models import (
@@ -221,7 +222,7 @@ def series(
 
 
 def median_probe(
-    rows: list[dict[str, Any]], stats: Stats | None, regions: list[Region], now: datetime
+    rows: list[Any], stats: Stats | None, regions: list[Region], now: datetime
 ) -> dict[str, Any] | None:
     """The successful probe of the last 24 h whose e2e is nearest the median of `stats` (the
     rollups' last 24 h), among `rows` (the most recent probes, comparison_rows): no raw read of
@@ -230,16 +231,16 @@ def median_probe(
     median = stats.e2e_ms(50) if stats else None
     if median is None:
         return None
-    since = now - RAW_WINDOW
+    since = (now - RAW_WINDOW).timestamp()
     candidates = [
-        r
-        for r in rows
-        if r["outcome"] == OUTCOME_OK and r["e2e_ms"] is not None and r["started_at"] >= since
+        r for r in rows if r.outcome == OUTCOME_OK and r.e2e_ms is not None and r.at >= since
     ]
     if not candidates:
         return None
     # min() keeps the first of equals: rows are newest first.
-    probe = dict(min(candidates, key=lambda r: abs(r["e2e_ms"] - median)))
+    chosen = min(candidates, key=lambda r: abs(r.e2e_ms - median))
+    probe: dict[str, Any] = chosen._asdict()
+    probe["started_at"] = datetime.fromtimestamp(probe.pop("at"), UTC)
     names = {g.pk: g.name for g in regions}
     probe["region_name"] = names.get(probe["region_id"]) or (
         Region.objects.values_list("name", flat=True).get(pk=probe["region_id"])
@@ -326,26 +327,26 @@ def headroom(
     return out
 
 
-def _connection(r: dict[str, Any]) -> str:
-    reused = r["connection_reused"]
+def _connection(r: Any) -> str:
+    reused = r.connection_reused
     if reused is None:  # rows from before reuse was recorded: what was asked
-        return "cold (asked)" if r["cold"] else "warm (asked)"
+        return "cold (asked)" if r.cold else "warm (asked)"
     return "reused connection" if reused else "new connection"
 
 
 # Grouped by what happened (the negotiated version, whether the connection was really reused,
 # what the provider says served the probe), not by what was asked: a provider that ignores
-# an HTTP/2 offer or a pool that had to reconnect shows as such.
-_DIMENSIONS = (
-    ("HTTP version (negotiated)", lambda r: r["http_version"] or "not negotiated"),
+# an HTTP/2 offer or a pool that had to reconnect shows as such. Rows: see _newest.
+_DIMENSIONS: tuple[tuple[str, Callable[[Any], str]], ...] = (
+    ("HTTP version (negotiated)", lambda r: r.http_version or "not negotiated"),
     ("connection", _connection),
     (
         "request body",
-        lambda r: "msgpack + gzip" if r["body_encoding"] == "msgpack-gzip" else "JSON",
+        lambda r: "msgpack + gzip" if r.body_encoding == "msgpack-gzip" else "JSON",
     ),
-    ("prompt prefix", lambda r: r["prefix_mode"]),
-    ("served model", lambda r: r["served_model"] or "not reported"),
-    ("service tier", lambda r: r["service_tier"] or "not reported"),
+    ("prompt prefix", lambda r: r.prefix_mode),
+    ("served model", lambda r: r.served_model or "not reported"),
+    ("service tier", lambda r: r.service_tier or "not reported"),
 )
 
 
@@ -369,19 +370,19 @@ class Reasoning:
     speed_counted: list[str]  # how speed's tokens were counted, for these probes
 
 
-def reasoning(rows: list[dict[str, Any]]) -> Reasoning | None:
-    ok = [r for r in rows if r["outcome"] == OUTCOME_OK and r["reasoning_tokens"]]
+def reasoning(rows: list[Any]) -> Reasoning | None:
+    ok = [r for r in rows if r.outcome == OUTCOME_OK and r.reasoning_tokens]
     if not ok:
         return None
     return Reasoning(
         probes=len(ok),
-        reasoning_tokens_p50=_median([r["reasoning_tokens"] for r in ok]),
+        reasoning_tokens_p50=_median([r.reasoning_tokens for r in ok]),
         hidden_tokens_p50=_median(
-            [r["hidden_reasoning_tokens"] for r in ok if r["hidden_reasoning_tokens"] is not None]
+            [r.hidden_reasoning_tokens for r in ok if r.hidden_reasoning_tokens is not None]
         ),
-        ttft_p50_ms=_p50([r["ttft_ms"] for r in ok if r["ttft_ms"] is not None]),
-        ttfat_p50_ms=_p50([r["ttfat_ms"] for r in ok if r["ttfat_ms"] is not None]),
-        speed_counted=sorted({r["tps_token_source"] for r in ok if r["tps_token_source"]}),
+        ttft_p50_ms=_p50([r.ttft_ms for r in ok if r.ttft_ms is not None]),
+        ttfat_p50_ms=_p50([r.ttfat_ms for r in ok if r.ttfat_ms is not None]),
+        speed_counted=sorted({r.tps_token_source for r in ok if r.tps_token_source}),
     )
 
 
@@ -403,7 +404,6 @@ def not_sent(route: Route, task: Task) -> list[str]:
 
 _COMPARISON_FIELDS = (
     "id",
-    "started_at",
     "region_id",
     "http_version",
     "connection_reused",
@@ -427,6 +427,14 @@ _COMPARISON_FIELDS = (
 )
 
 
+class _Epoch(Func):
+    """A timestamp as seconds since 1970 (a float): 2,000 of them load in a fraction of the
+    time Django's time-zone-aware datetime loader takes, which ran in Python for each."""
+
+    template = "extract(epoch from %(expressions)s)::float8"
+    output_field = FloatField()
+
+
 def comparison_rows(
     route: Route,
     task: Task,
@@ -434,8 +442,8 @@ def comparison_rows(
     since: datetime,
     now: datetime,
     probes: int,
-) -> list[dict[str, Any]]:
-    """The window's most recent raw rows (at most COMPARISON_ROWS), newest first, for
+) -> list[Any]:
+    """The window's most recent raw rows (at most COMPARISON_ROWS, see _newest), newest first, for
     comparisons, the reasoning figures and the median probe. `probes`: how many the window
     holds (its rollups' count). When that is many more than COMPARISON_ROWS, only the newest
     part of the window that should hold them is read (its share, COMPARISON_MARGIN times):
@@ -451,13 +459,14 @@ def comparison_rows(
     return rows
 
 
-def _newest(
-    route: Route, task: Task, region: Region | None, since: datetime
-) -> list[dict[str, Any]]:
+def _newest(route: Route, task: Task, region: Region | None, since: datetime) -> list[Any]:
+    """Named tuples of _COMPARISON_FIELDS and `at`, started_at in seconds since 1970: half
+    the time of dicts with datetimes (12 against 22 ms for 2,000 rows)."""
     raw = ProbeResult.objects.filter(route=route, task=task, started_at__gte=since)
     if region is not None:
         raw = raw.filter(region=region)
-    return list(raw.order_by("-started_at").values(*_COMPARISON_FIELDS)[:COMPARISON_ROWS])
+    rows = raw.annotate(at=_Epoch("started_at")).order_by("-started_at")
+    return list(rows.values_list(*_COMPARISON_FIELDS, "at", named=True)[:COMPARISON_ROWS])
 
 
 def _bucket(value: float | None) -> int | None:
@@ -479,18 +488,18 @@ class _Facts:
     request_bytes: int | None
 
 
-def _facts(r: dict[str, Any]) -> _Facts:
-    ok = r["outcome"] == OUTCOME_OK
+def _facts(r: Any) -> _Facts:
+    ok = r.outcome == OUTCOME_OK
     setup = None
-    if ok and r["connect_ms"] is not None:
-        setup = _bucket((r["dns_ms"] or 0) + r["connect_ms"] + (r["tls_ms"] or 0))
+    if ok and r.connect_ms is not None:
+        setup = _bucket((r.dns_ms or 0) + r.connect_ms + (r.tls_ms or 0))
     return _Facts(
         ok=ok,
-        ttft=_bucket(r["ttft_ms"]) if ok else None,
-        e2e=_bucket(r["e2e_ms"]) if ok else None,
-        upload=_bucket(r["upload_ms"]) if ok else None,
+        ttft=_bucket(r.ttft_ms) if ok else None,
+        e2e=_bucket(r.e2e_ms) if ok else None,
+        upload=_bucket(r.upload_ms) if ok else None,
         setup=setup,
-        request_bytes=r["request_bytes"],
+        request_bytes=r.request_bytes,
     )
 
 
@@ -520,7 +529,7 @@ def _group(value: str, members: list[_Facts]) -> OptionGroup:
     )
 
 
-def comparisons(rows: list[dict[str, Any]]) -> list[Comparison]:
+def comparisons(rows: list[Any]) -> list[Comparison]:
     """Side by side, for each dimension the rows took more than one way."""
     facts = [_facts(r) for r in rows]
     out = []

@@ -98,10 +98,10 @@ def test_comparison_rows_read_the_newest_part_of_the_window_and_all_of_it_when_n
     # 96 probes spread over the day, one every 15 minutes.
     even = [f.payload(t, r, g, now - timedelta(minutes=15 * i + 1)) for i in range(96)]
     assert ingest.ingest(even) == 96
-    newest = [row["id"] for row in pages_route._newest(r, t, None, since)]
+    newest = [row.id for row in pages_route._newest(r, t, None, since)]
     assert len(newest) == 20
     rows = pages_route.comparison_rows(r, t, None, since, now, 96)
-    assert [row["id"] for row in rows] == newest
+    assert [row.id for row in rows] == newest
 
     # Another task's probes, bunched: 90 in the window's first hours, 5 recent ones.
     t2 = f.task("bunched", [r], [g])
@@ -109,7 +109,7 @@ def test_comparison_rows_read_the_newest_part_of_the_window_and_all_of_it_when_n
     recent = [f.payload(t2, r, g, now - timedelta(minutes=i + 1)) for i in range(5)]
     assert ingest.ingest(old + recent) == 95
     rows = pages_route.comparison_rows(r, t2, None, since, now, 95)
-    expected = [row["id"] for row in pages_route._newest(r, t2, None, since)]
+    expected = [row.id for row in pages_route._newest(r, t2, None, since)]
     assert len(rows) == 20
-    assert [row["id"] for row in rows] == expected
-    assert sum(row["started_at"] > now - timedelta(hours=1) for row in rows) == 5
+    assert [row.id for row in rows] == expected
+    assert sum(row.at > (now - timedelta(hours=1)).timestamp() for row in rows) == 5
