@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from html import escape
 from typing import Any
 from urllib.parse import urlencode
 
 from django import template
 from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString, mark_safe
+from django.utils.text import Truncator
 
 from monitor.models import BUDGET_STATUSES, STATUS_UNKNOWN
 from monitor.pages.common import DemoHistory, demo_history
-from monitor.templatetags.rw import ms
+from monitor.pages.regions import Matrix, MatrixRow
+from monitor.templatetags.rw import errors, ms
 
 register = template.Library()
 
@@ -103,3 +107,37 @@ def demo_history_banner(context: template.Context) -> dict[str, Any]:
 def generated_history() -> DemoHistory | None:
     """For templates without a request (the digest): the generated history's span, if any."""
     return demo_history(None)
+
+
+@register.simple_tag
+def matrix_cells(row: MatrixRow, matrix: Matrix) -> SafeString:
+    """A regions-matrix row's cells. In Python, not the template language, and escaped with
+    the standard library's html.escape (what Django's escape does, without its lazy-string
+    checks): the matrix is up to routes x regions cells (180 for 30 routes in 6 regions),
+    which in the template made rendering half of the page's time."""
+    unit = matrix.unit
+    out = []
+    for c in row.cells:
+        if unit == "ms":
+            shown = ms_or_few(c.value)
+        elif unit == "tps":
+            shown = tps_or_few(c.value)
+        else:
+            shown = errors(c.errors, c.attempts)
+        out.append(
+            f'<td class="num cell-{escape(c.status)}{" winner" if c.winner else ""}" '
+            f'data-region="{escape(c.region.slug)}">'
+        )
+        if c.winner:
+            out.append(
+                f'<span class="star" title="fastest qualifying route in {escape(c.region.name)}"'
+                ">★</span> "
+            )
+        out.append(escape(shown))
+        if c.reason and c.probes:
+            short = c.reason if len(c.reason) <= 60 else Truncator(c.reason).chars(60)
+            out.append(f' <small class="why" title="{escape(c.reason)}">{escape(short)}</small>')
+        if c.stale and c.probes:
+            out.append(' <span class="badge stale">stale</span>')
+        out.append("</td>")
+    return mark_safe("".join(out))  # noqa: S308 (every value in it went through escape)
