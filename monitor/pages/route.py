@@ -434,6 +434,11 @@ class _Epoch(Func):
     template = "extract(epoch from %(expressions)s)::float8"
     output_field = FloatField()
 
+    @property
+    def convert_value(self) -> Any:
+        # psycopg loads float8 as float already: no converter called for each row.
+        return self._convert_value_noop  # type: ignore[attr-defined]
+
 
 def comparison_rows(
     route: Route,
@@ -476,7 +481,7 @@ def _bucket(value: float | None) -> int | None:
     return hist.MS.index(value)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Facts:
     """What the comparisons need of one raw row, worked out once (not once per dimension)."""
 
@@ -530,16 +535,23 @@ def _group(value: str, members: list[_Facts]) -> OptionGroup:
 
 
 def comparisons(rows: list[Any]) -> list[Comparison]:
-    """Side by side, for each dimension the rows took more than one way."""
+    """Side by side, for each dimension the rows took more than one way (each row's facts
+    worked out only when some dimension splits them)."""
+    split = []
+    for dimension, key in _DIMENSIONS:
+        keys = list(map(key, rows))
+        if len(set(keys)) >= 2:
+            split.append((dimension, keys))
+    if not split:
+        return []
     facts = [_facts(r) for r in rows]
     out = []
-    for dimension, key in _DIMENSIONS:
+    for dimension, keys in split:
         groups: dict[str, list[_Facts]] = defaultdict(list)
-        for r, f in zip(rows, facts, strict=True):
-            groups[key(r)].append(f)
-        if len(groups) >= 2:
-            stats = [_group(value, members) for value, members in sorted(groups.items())]
-            out.append(Comparison(dimension=dimension, groups=stats))
+        for k, f in zip(keys, facts, strict=True):
+            groups[k].append(f)
+        stats = [_group(value, members) for value, members in sorted(groups.items())]
+        out.append(Comparison(dimension=dimension, groups=stats))
     return out
 
 
