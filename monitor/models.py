@@ -16,7 +16,7 @@ from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import BrinIndex
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
-from django.db import models
+from django.db import connection, models
 from django.utils import timezone
 
 from monitor.crypto import (
@@ -1068,6 +1068,50 @@ class ProbeResult(models.Model):
 
     def __str__(self) -> str:
         return f"{self.route} @ {self.region} {self.started_at:%Y-%m-%d %H:%M:%S} {self.outcome}"
+
+
+GENERATED_SPAN_KEY = "results"
+
+
+class GeneratedSpan(models.Model):
+    """The span of the generated demo history's results (ProbeResult.generated), kept in one
+    row so that every page need not search the results for it: over a year of daily
+    partitions that search is planned across all of them (31-35 ms on each page). Ingest
+    widens it in the transaction that writes generated rows; retention reads it again from the
+    results after dropping or deleting any (refresh). No row: no generated history."""
+
+    key = models.CharField(max_length=20, primary_key=True, default=GENERATED_SPAN_KEY)
+    start = models.DateTimeField()
+    last = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"generated {self.start} - {self.last}"
+
+    @classmethod
+    def widen(cls, start: dt.datetime, last: dt.datetime) -> None:
+        """Take in generated results from `start` to `last` (in the writer's transaction)."""
+        table = cls._meta.db_table
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {table} (key, start, last) VALUES (%s, %s, %s) "
+                f"ON CONFLICT (key) DO UPDATE SET start = least({table}.start, excluded.start), "
+                f"last = greatest({table}.last, excluded.last)",
+                [GENERATED_SPAN_KEY, start, last],
+            )
+
+    @classmethod
+    def refresh(cls) -> GeneratedSpan | None:
+        """Read the span again from the results (after retention removed some of them)."""
+        generated = ProbeResult.objects.filter(generated=True)
+        first = generated.order_by("started_at").values_list("started_at", flat=True).first()
+        last = generated.order_by("-started_at").values_list("started_at", flat=True).first()
+        if first is None or last is None:
+            cls.objects.filter(pk=GENERATED_SPAN_KEY).delete()
+            return None
+        span, _ = cls.objects.update_or_create(
+            pk=GENERATED_SPAN_KEY, defaults={"start": first, "last": last}
+        )
+        return span
 
 
 class Heartbeat(models.Model):

@@ -18,7 +18,7 @@ from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponseBase
 from django.utils import timezone
 
-from monitor.models import GRAIN_DAY, GRAIN_HOUR, ProbeResult
+from monitor.models import GENERATED_SPAN_KEY, GRAIN_DAY, GRAIN_HOUR, GeneratedSpan
 from monitor.pages.http import HtmxHttpRequest
 from monitor.stats import rollups
 
@@ -117,21 +117,18 @@ class DemoHistory:
 
 
 def demo_history(request: HttpRequest | None = None) -> DemoHistory | None:
-    """None unless the database holds generated history (one index read; kept per request)."""
+    """None unless the database holds generated history (one row read; kept per request)."""
     cached: DemoHistory | bool | None = (
         getattr(request, "_rw_demo_history", False) if request is not None else False
     )
     if cached is not False:
         return cached if isinstance(cached, DemoHistory) else None
-    # Both ends from the partial index result_generated_started (empty on real deployments).
-    generated = ProbeResult.objects.filter(generated=True)
-    first = generated.order_by("started_at").values_list("started_at", flat=True).first()
+    # One row (GeneratedSpan), not a search of the results' partitions.
+    span = GeneratedSpan.objects.filter(pk=GENERATED_SPAN_KEY).first()
     info = None
-    if first is not None:
-        last = generated.order_by("-started_at").values_list("started_at", flat=True).first()
-        assert last is not None
+    if span is not None:
         hidden = bool(request is not None and request.COOKIES.get(HIDE_GENERATED_COOKIE))
-        info = DemoHistory(start=first, last=last, hidden=hidden)
+        info = DemoHistory(start=span.start, last=span.last, hidden=hidden)
     if request is not None:
         request._rw_demo_history = info  # type: ignore[attr-defined]
     return info

@@ -56,6 +56,7 @@ from monitor.models import (
     SLOT_DONE,
     SLOT_MISSED,
     EvalCase,
+    GeneratedSpan,
     Heartbeat,
     ProbeResult,
     ProbeSlot,
@@ -101,6 +102,7 @@ _DEFAULTS: dict[str, Any] = {
 _TEXT_LIMITS = {"text": TEXT_LIMIT, "error_detail": DETAIL_LIMIT}
 _KEY = [COLUMNS.index(c) for c in ("task_id", "route_id", "region_id", "slot_at")]
 _OUTCOME = COLUMNS.index("outcome")
+_STARTED, _GENERATED = COLUMNS.index("started_at"), COLUMNS.index("generated")
 
 # What the rollups need from each inserted row (RETURNING these columns; app e2e is a
 # scenario's, not a column).
@@ -611,6 +613,9 @@ def ingest(
         with connection.cursor() as cursor:
             cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
         inserted, refused = write_rows(rows)
+        generated = [r[_STARTED] for r in rows if r[_GENERATED]]
+        if generated:  # demo history (monitor.demo_history): the pages' one-row record of it
+            GeneratedSpan.widen(min(generated), max(generated))
         # Open slots, and missed ones whose late result replaced the missed row.
         _set_slot_status(inserted, SLOT_DONE, only_open=False)
         rollups.apply(inserted)
@@ -699,6 +704,8 @@ def delete_old_results(days: int, batch: int = 20_000, slot_days: int | None = N
     done = partitions.drop_expired(cutoff, batch)
     if done.dropped:
         log.info("retention dropped partitions %s", ", ".join(done.dropped))
+    if (done.dropped or done.deleted) and GeneratedSpan.objects.exists():
+        GeneratedSpan.refresh()  # some of the generated history may have gone
     kept_days = min(days, slot_days if slot_days is not None else settings.SLOT_RETENTION_DAYS)
     slots = _delete_closed_slots(now - timedelta(days=kept_days), batch)
     RaceRun.objects.filter(slot_at__lt=cutoff).exclude(status=SLOT_DISPATCHED).delete()

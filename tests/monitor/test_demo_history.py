@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
@@ -21,6 +23,7 @@ from monitor import demo_history
 from monitor.management.commands.load_demo import DEMO_CONFIG
 from monitor.models import (
     OUTCOME_OK,
+    GeneratedSpan,
     ProbeResult,
     RaceRun,
     Region,
@@ -29,6 +32,7 @@ from monitor.models import (
     Task,
 )
 from monitor.pages.common import HIDE_GENERATED_COOKIE
+from monitor.pages.common import demo_history as page_demo_history
 from monitor.pipeline import ingest
 from simulator.config import load
 from tests.support import unfold_series
@@ -162,6 +166,43 @@ def test_generated_figures_follow_the_simulators_profiles(demo: float) -> None:
     kinds = set(errors.values_list("error_kind", flat=True))
     assert kinds <= {"http_5xx", "stream_error"}
     assert kinds
+
+
+def _search() -> tuple[Any, Any]:
+    """The generated history's span searched in the results (what pages did before)."""
+    generated = ProbeResult.objects.filter(generated=True).order_by("started_at")
+    return (
+        generated.values_list("started_at", flat=True).first(),
+        generated.reverse().values_list("started_at", flat=True).first(),
+    )
+
+
+def test_pages_read_its_span_from_one_row_kept_with_the_results(demo: float) -> None:
+    """GeneratedSpan is written by ingest with the generated rows, and read again by retention
+    after it drops some: always the span a search of the results finds. Pages read the row,
+    not the results (a search planned over every daily partition)."""
+    span = GeneratedSpan.objects.get()
+    assert (span.start, span.last) == _search()
+    with CaptureQueriesContext(connection) as queries:
+        info = page_demo_history(None)
+    assert info is not None
+    assert (info.start, info.last) == (span.start, span.last)
+    assert len(queries) == 1
+    assert "monitor_proberesult" not in queries[0]["sql"]
+
+    # Retention drops the history's oldest days: the span starts later, where the rows do.
+    ingest.delete_old_results(days=3)
+    start, last = _search()
+    assert start is not None
+    assert start > span.start
+    kept = GeneratedSpan.objects.get()
+    assert (kept.start, kept.last) == (start, last)
+    assert last == span.last
+    # Without generated rows the row goes, and with it every page's banner.
+    ProbeResult.objects.filter(generated=True).delete()
+    assert GeneratedSpan.refresh() is None
+    assert not GeneratedSpan.objects.exists()
+    assert page_demo_history(None) is None
 
 
 def test_it_is_added_once(demo: float) -> None:
