@@ -34,7 +34,14 @@ LOG_RANGES = {
     "30d": timedelta(days=30),
 }
 DEFAULT_LOG_RANGE = "24h"
-FIRST_SLICE = timedelta(minutes=1)
+# The newest rows are read from a short slice of time first, then from slices four times as
+# long until the page is full: no index orders every result by time (only each route's), so
+# one query over the whole window would read and sort all of it. 15 s holds 900 results at
+# 60 probes/s, 9,000 at ten times that.
+FIRST_SLICE = timedelta(seconds=15)
+# The first page also shows results stamped a little ahead of this server's clock (a region
+# worker's clock ahead of ours).
+CLOCK_AHEAD = timedelta(minutes=1)
 OUTCOME_VALUES = {v for v, _ in OUTCOMES}
 ERROR_KIND_VALUES = {v for v, _ in ERROR_KINDS}
 
@@ -151,13 +158,16 @@ def page(
     filter lists): the rows take theirs from them rather than reading them again."""
     base = filtered(f)
     since = f.since(now)
-    upper = cursor.started_at if cursor else now + timedelta(minutes=1)
+    upper = cursor.started_at if cursor else now + CLOCK_AHEAD
     rows: list[ProbeResult] = []
     step = FIRST_SLICE
     slices = 0
     first = True
     while len(rows) <= size and upper > since:
-        lower = max(since, upper - step)
+        # The first slice of the newest page ends ahead of now, but is as long back from now
+        # as any first slice (it was [now, now + 1 min]: nearly always empty, so every read
+        # of the log read and sorted the 4 minutes after it).
+        lower = max(since, (now if first and cursor is None else upper) - step)
         qs = base.filter(started_at__gte=lower)
         if first and cursor:
             qs = qs.filter(

@@ -12,6 +12,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from monitor.models import ProbeResult
 from monitor.pipeline import ingest
 from tests.monitor import factories as f
 
@@ -113,3 +114,34 @@ def test_comparison_rows_read_the_newest_part_of_the_window_and_all_of_it_when_n
     assert len(rows) == 20
     assert [row.id for row in rows] == expected
     assert sum(row.at > (now - timedelta(hours=1)).timestamp() for row in rows) == 5
+
+
+def test_the_probe_logs_newest_page_comes_from_one_read_of_the_newest_seconds(db: None) -> None:
+    """On a busy deployment the log's first page is one short read. Its first slice of time
+    once began at now and ended a minute ahead (empty but for clock skew), so every read went
+    on to sort the four minutes before now. Results stamped a little ahead of our clock still
+    come first; the next page goes on where this one ends."""
+    from monitor.pages import log
+
+    p = f.provider("gateway")
+    r = f.route(p, "chat")
+    g = f.region("eu-west")
+    t = f.task("qa", [r], [g])
+    now = timezone.now()
+    # 60 results over the last 6 seconds, one 20 s ahead of our clock, 30 from 10 min ago.
+    recent = [f.payload(t, r, g, now - timedelta(milliseconds=100 * i + 50)) for i in range(60)]
+    ahead = f.payload(t, r, g, now + timedelta(seconds=20))
+    older = [f.payload(t, r, g, now - timedelta(minutes=10, seconds=i)) for i in range(30)]
+    assert ingest.ingest([*recent, ahead, *older]) == 91
+    everything = list(
+        ProbeResult.objects.order_by("-started_at", "-id").values_list("id", flat=True)
+    )
+
+    first = log.page(log.LogFilter(), None, now)
+    assert first.slices_read == 1
+    assert [row.pk for row in first.rows] == everything[:50]
+    assert first.rows[0].started_at > now  # ahead of our clock, still first
+    assert first.next_cursor is not None
+    second = log.page(log.LogFilter(), first.next_cursor, now)
+    assert [row.pk for row in second.rows] == everything[50:]
+    assert second.next_cursor is None
