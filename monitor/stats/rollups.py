@@ -20,11 +20,13 @@ from decimal import Decimal
 from functools import cache
 from typing import Any, NamedTuple
 
+from django.conf import settings
 from django.contrib.postgres.aggregates import JSONBAgg
 from django.contrib.postgres.fields import ArrayField
 from django.db import connection
 from django.db.models import Aggregate, Field, IntegerField, Max, Q, QuerySet, Sum
 
+from monitor import limits
 from monitor.models import (
     GRAIN_DAY,
     GRAIN_HOUR,
@@ -507,12 +509,22 @@ def stats_by(
 
 # --- stats over a sliding window, its settled hours kept ----------------------------------------
 
-# Hourly rows this far before the hour of a window's end (for the overview, the current hour and
-# the one before it are read each time) no longer change: a result is judged late by its slot's
-# deadline (monitor.limits, at most 15 minutes), so ingest and the missed sweep are done with
-# them. The rare exception, a result spooled through a broker outage of hours, shows within
-# SETTLED_TTL.
-SETTLED_AFTER = timedelta(hours=2)
+# An hour's rows stop changing once every slot of it is past its deadline: a probe's deadline
+# (at most PROBE_TIMEOUT_MAX_S, monitor.limits) plus the slot's grace, and the tick's sweep
+# records a slot missed within a tick of it. Then ingest and the sweep are done with the hour:
+# its rows are settled. The rare exception, a result spooled through a broker outage, shows
+# within SETTLED_TTL. Callers that keep settled hours pass `until` = now + 1 h (the current
+# hour whole), so until - 1 h is their present: at 11:25 the hours before 11:00 are settled
+# and only the current hour is read; until 11:20 or so, the one before it too.
+SETTLE_MARGIN = timedelta(minutes=2)
+
+
+def settled_after() -> timedelta:
+    """How long after its end an hour's (or a day's) rows no longer change."""
+    deadline = limits.PROBE_TIMEOUT_MAX_S + settings.SLOT_GRACE_SECONDS + settings.TICK_SECONDS
+    return timedelta(seconds=deadline) + SETTLE_MARGIN
+
+
 SETTLED_TTL = 600.0  # seconds a process keeps settled stats before reading them again
 SETTLED_KEPT = 256  # windows a process keeps at most (the least recently read go first)
 _settled: OrderedDict[tuple[Any, ...], tuple[float, dict[tuple[int | None, ...], Stats]]] = (
@@ -540,9 +552,9 @@ def stats_over(
     keep_settled: bool = False,
 ) -> dict[tuple[int | None, ...], Stats]:
     """`stats_by` over the rows of [since, until) (of `task_ids`, and matching `where`, e.g.
-    {"route_id": 3}). With `keep_settled`, the hours (or days) that ended SETTLED_AFTER
-    before `until`'s hour are read once and kept in this process (compacted, SETTLED_TTL at
-    most), so a window read again as it slides reads only its recent rows: the overview's
+    {"route_id": 3}). With `keep_settled` (and `until` = now + 1 h), the hours (or days) that
+    ended settled_after() before now are read once and kept in this process (compacted,
+    SETTLED_TTL at most), so a window read again as it slides reads only its recent rows: the overview's
     rebuild every few seconds (25 hours of 3,600 combinations: 1.6 s), a page refreshed in
     an open tab, a page's 30-day window read by day. `all_regions=None` reads each region's
     rows and the all-regions rows together (rows()): keyed by region_id, which must be among
@@ -559,8 +571,8 @@ def stats_over(
         return stats_by(qs.filter(**filters), key_fields, histograms=histograms)
 
     start = bucket_start(since, grain)
-    # Hours, or days, that ended SETTLED_AFTER before `until`'s hour.
-    split = bucket_start(bucket_start(until, GRAIN_HOUR) - SETTLED_AFTER, grain)
+    # Hours, or days, that ended settled_after() before the present (until - 1 h).
+    split = bucket_start(until - timedelta(hours=1) - settled_after(), grain)
     if not keep_settled or split <= start:
         return read(since, until)
     query = (

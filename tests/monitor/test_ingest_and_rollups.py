@@ -360,6 +360,36 @@ def test_the_overview_window_reads_its_settled_hours_once_and_agrees_with_a_full
     )
 
 
+def test_the_hour_before_settles_once_its_slots_are_past_their_deadlines(setup) -> None:
+    """The previous hour is read each time until its last slot's deadline (the longest probe
+    deadline plus the grace and a tick) has passed, and kept after that: from about 20 past
+    the hour, a window's read holds the current hour only."""
+    t, r1, _r2, eu, _us = setup
+    ingest.ingest([f.payload(t, r1, eu, T0 + timedelta(hours=8, minutes=10 + i)) for i in range(5)])
+    where = {"task_id": t.pk}
+    settle = rollups.settled_after()
+    assert timedelta(minutes=15) < settle < timedelta(minutes=30)
+
+    def count(now: datetime) -> int:
+        found = rollups.stats_over(
+            since=now - timedelta(hours=24),
+            until=now + timedelta(hours=1),
+            key_fields=["route_id"],
+            all_regions=False,
+            where=where,
+            keep_settled=True,
+        )
+        return found[(r1.pk,)].count
+
+    early = T0 + timedelta(hours=9) + settle - timedelta(minutes=1)
+    late = T0 + timedelta(hours=9) + settle + timedelta(minutes=1)
+    assert count(early) == count(late) == 5
+    # A result for 8:50 that ingest takes in now (a probe with a long deadline).
+    ingest.ingest([f.payload(t, r1, eu, T0 + timedelta(hours=8, minutes=50))])
+    assert count(late) == 5  # settled: kept, so it shows within SETTLED_TTL
+    assert count(early) == 6  # still read each time: its slots' deadlines are not all past
+
+
 def test_one_read_gives_each_regions_figures_and_all_regions_merged(setup) -> None:
     """all_regions=None: the per-region rows and the all-regions rows in one read, the merged
     figures under region None, equal to what the two reads give apart (kept hours or not)."""
