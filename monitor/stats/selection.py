@@ -35,11 +35,11 @@ No route qualifies: `winner` is None and every candidate carries the reason it w
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from monitor.models import Region, Route, Task, fresh_within
 from monitor.stats import rollups
@@ -138,7 +138,8 @@ def availability_verdict(
     """(qualifies, reason, detail) on errors and on recent success, in one region."""
     if stats is None:
         return True, "", ""
-    errors = Rate(stats.provider_errors, stats.attempts)
+    failed = stats.provider_errors  # a sum over the error kinds: once
+    errors = Rate(failed, stats.count_ok + failed)
     ceiling = task.error_ceiling()
     # Above the ceiling with confidence (the whole 95% interval above it): one error in 24
     # probes is no evidence of failing more than 2% of the time, nine in ten is.
@@ -242,6 +243,39 @@ def fresh(task: Task, latency: Mapping[K, Stats], now: datetime) -> dict[K, Stat
     return {key: s for key, s in latency.items() if task.is_fresh(s.last_probe_at, now)}
 
 
+def _errors(stats: Stats | None) -> Rate:
+    """The provider's failures out of its attempts in one region (Stats.attempts, with the
+    failures summed once)."""
+    if stats is None:
+        return Rate(0, 0)
+    failed = stats.provider_errors
+    return Rate(failed, stats.count_ok + failed)
+
+
+class _Later:
+    """A part of a sort key worked out only when the parts before it tie (a tuple compares
+    its items with == until two differ), then kept."""
+
+    __slots__ = ("_make", "_value")
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self._make: Callable[[], Any] | None = make
+        self._value: Any = None
+
+    def value(self) -> Any:
+        if self._make is not None:
+            self._value, self._make = self._make(), None
+        return self._value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Later) and self.value() == other.value()
+
+    def __lt__(self, other: _Later) -> bool:
+        return bool(self.value() < other.value())
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 def choose(
     task: Task,
     routes: Sequence[Route],
@@ -278,9 +312,7 @@ def choose(
                 pass_rate=Rate(quality_stats.passed, quality_stats.graded)
                 if quality_stats and quality_stats.graded
                 else None,
-                errors=Rate(region_stats.provider_errors, region_stats.attempts)
-                if region_stats
-                else Rate(0, 0),
+                errors=_errors(region_stats),
                 qualifies=ok,
                 reason=reason,
                 detail=detail,
@@ -290,12 +322,13 @@ def choose(
     def price(c: Candidate) -> Decimal:
         return c.route.cost_usd(task.input_tokens, task.max_tokens)
 
-    def rank(c: Candidate) -> tuple[int, float, float, Decimal, int]:
+    def rank(c: Candidate) -> tuple[int, float, _Later, _Later, int]:
         stats = latency.get(c.route.pk)
-        p95 = (stats.e2e_ms(95) if stats else None) or float("inf")
-        # Equal to the millisecond counts as a tie.
+        # Equal to the millisecond counts as a tie, broken by e2e p95 (a histogram merged for
+        # it: only when there is a tie to break), then price.
         value = float(round(c.metric_ms)) if c.metric_ms is not None else float("inf")
-        return (0 if c.qualifies else 1, value, p95, price(c), c.route.pk)
+        p95 = _Later(lambda: (stats.e2e_ms(95) if stats else None) or float("inf"))
+        return (0 if c.qualifies else 1, value, p95, _Later(lambda: price(c)), c.route.pk)
 
     def tied(a: Candidate, b: Candidate) -> bool:
         return not a.metric.faster_than(b.metric) and not b.metric.faster_than(a.metric)
