@@ -8,14 +8,18 @@ from typing import Any
 from urllib.parse import urlencode
 
 from django import template
+from django.contrib.humanize.templatetags.humanize import intcomma
+from django.urls import reverse
+from django.utils.formats import localize
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import Truncator
 
-from monitor.models import BUDGET_STATUSES, STATUS_UNKNOWN
+from monitor.models import BUDGET_STATUSES, STATUS_UNKNOWN, Region, Task
 from monitor.pages.common import DemoHistory, demo_history
 from monitor.pages.regions import Matrix, MatrixRow
-from monitor.templatetags.rw import errors, ms
+from monitor.pages.task import RouteRow
+from monitor.templatetags.rw import DASH, errors, interval, ms, pct, tps
 
 register = template.Library()
 
@@ -140,4 +144,58 @@ def matrix_cells(row: MatrixRow, matrix: Matrix) -> SafeString:
         if c.stale and c.probes:
             out.append(' <span class="badge stale">stale</span>')
         out.append("</td>")
+    return mark_safe("".join(out))  # noqa: S308 (every value in it went through escape)
+
+
+@register.simple_tag
+def ranked_row(row: RouteRow, task: Task, region: Region | None) -> SafeString:
+    """One route's row of the task page's ranked table, in Python for the reason
+    matrix_cells is (up to one row of 13 cells per candidate route)."""
+    c = row.candidate
+    where = f"?task={escape(task.slug)}" + (
+        f"&amp;region={escape(region.slug)}" if region is not None else ""
+    )
+    href = reverse("rw-route", args=[row.route.pk]) + where
+    classes = ("" if c.qualifies else "dimmed") + (" winner" if row.is_winner else "")
+    out = [f'<tr class="{classes}" data-route="{row.route.pk}">', f"<td>{row.rank}</td>"]
+    out.append(
+        '<td class="route">'
+        + ('<span class="star" title="fastest qualifying route">★</span> ' if row.is_winner else "")
+        + f'<a href="{href}">{escape(str(row.route))}</a>'
+        + (' <span class="tag">simulated</span>' if row.route.provider.is_simulated else "")
+        + "</td>"
+    )
+    out.append(
+        f'<td class="num">{escape(ms(c.metric_ms))} '
+        f'<small class="ci">{escape(interval(c.metric.low, c.metric.high))}</small></td>'
+    )
+    out.append(f'<td class="num">{escape(ms(row.ttft_p50_ms))}</td>')
+    out.append(
+        f'<td class="num {escape(row.ttft_status)}">{escape(ms_or_few(row.ttft_p95_ms))}</td>'
+    )
+    out.append(f'<td class="num">{escape(tps(row.tps_p50))}</td>')
+    out.append(f'<td class="num">{escape(ms(row.e2e_p50_ms))}</td>')
+    out.append(f'<td class="num {escape(row.e2e_status)}">{escape(ms_or_few(row.e2e_p95_ms))}</td>')
+    if c.pass_rate:
+        rate = c.pass_rate
+        shown = f'{escape(pct(rate.point))} <small class="ci">'
+        shown += f"{escape(interval(rate.low, rate.high, 'pct'))}</small>"
+    else:
+        shown = DASH
+    out.append(f'<td class="num">{shown}</td>')
+    index = row.route.quality_index
+    out.append(f'<td class="num">{DASH if index is None else escape(localize(index))}</td>')
+    out.append(f'<td class="num">{escape(errors(c.errors.k, c.errors.n))}</td>')
+    out.append(f'<td class="num">{escape(intcomma(row.probes))}</td>')
+    status = '<span class="badge stale">stale</span> ' if row.stale else ""
+    if c.qualifies:
+        status += '<span class="badge ok">qualifies</span>'
+        if c.tied:
+            status += ' <span class="badge tied">tied within noise</span>'
+    else:
+        detail = f": {escape(c.detail)}" if c.detail else ""
+        status += (
+            f'<span class="muted" title="{escape(c.detail)}">{escape(c.reason)}{detail}</span>'
+        )
+    out.append(f"<td>{status}</td></tr>")
     return mark_safe("".join(out))  # noqa: S308 (every value in it went through escape)
