@@ -9,13 +9,15 @@ from urllib.parse import urlencode
 
 from django import template
 from django.contrib.humanize.templatetags.humanize import intcomma
+from django.template.defaultfilters import date, truncatechars
 from django.urls import reverse
 from django.utils.formats import localize
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import Truncator
+from django.utils.timezone import localtime
 
-from monitor.models import BUDGET_STATUSES, STATUS_UNKNOWN, Region, Task
+from monitor.models import BUDGET_STATUSES, OUTCOME_OK, STATUS_UNKNOWN, ProbeResult, Region, Task
 from monitor.pages.common import DemoHistory, demo_history
 from monitor.pages.regions import Matrix, MatrixRow
 from monitor.pages.task import RouteRow
@@ -198,4 +200,54 @@ def ranked_row(row: RouteRow, task: Task, region: Region | None) -> SafeString:
             f'<span class="muted" title="{escape(c.detail)}">{escape(c.reason)}{detail}</span>'
         )
     out.append(f"<td>{status}</td></tr>")
+    return mark_safe("".join(out))  # noqa: S308 (every value in it went through escape)
+
+
+_GENERATED_TAG = (
+    ' <small class="tag generated" title="Generated demo history: drawn from the simulator\'s '
+    'profiles, not measured">generated</small>'
+)
+
+
+@register.simple_tag
+def log_row(r: ProbeResult) -> SafeString:
+    """One result's row of the probe log, in Python for the reason matrix_cells is (50 rows
+    of 12 cells a page). Its task, route and region are already read (monitor.pages.log)."""
+    at = localtime(r.started_at)
+    out = [
+        f'<tr class="outcome-{escape(r.outcome)}" data-result="{r.pk}">',
+        f'<td><time datetime="{escape(date(at, "c"))}">{escape(date(at, "m-d H:i:s"))}</time>',
+        _GENERATED_TAG if r.generated else "",
+        "</td><td>",
+    ]
+    if r.task is not None:
+        task_href = reverse("rw-task", args=[r.task.slug])
+        out.append(f'<a href="{escape(task_href)}">{escape(r.task.name)}</a>')
+    else:
+        out.append('<span class="muted">ad hoc</span>')
+    route_href = reverse("rw-route", args=[r.route.pk])
+    out.append(f'</td><td><a href="{route_href}">{escape(str(r.route))}</a></td>')
+    out.append(f"<td>{escape(r.region.name)}</td><td>")
+    if r.outcome == OUTCOME_OK:
+        out.append('<span class="badge ok">ok</span>')
+    else:
+        out.append(f'<span class="badge over">{escape(r.error_kind or r.outcome)}</span>')
+    if r.quality_pass is True:
+        out.append(' <span class="tag">pass</span>')
+    elif r.quality_pass is False:
+        out.append(' <span class="tag over">fail</span>')
+    out.append(f'</td><td class="num">{escape(ms(r.ttft_ms))}</td>')
+    out.append(f'<td class="num">{escape(ms(r.e2e_ms))}</td>')
+    out.append(f'<td class="num">{escape(tps(r.tps))}</td>')
+    out.append(f'<td class="num">{escape(thousands(r.output_tokens))}</td>')
+    if r.cached_tokens is None:
+        out.append('<td class="num"><span class="muted" title="not reported">n/r</span></td>')
+    else:
+        out.append(f'<td class="num">{escape(thousands(r.cached_tokens))}</td>')
+    out.append(f'<td>{escape(str(r.http_version))}</td><td class="answer" hx-disable>')
+    if r.error_detail:
+        out.append(f'<span class="error">{escape(truncatechars(r.error_detail, 160))}</span>')
+    else:
+        out.append(escape(truncatechars(r.text, 160)))
+    out.append("</td></tr>")
     return mark_safe("".join(out))  # noqa: S308 (every value in it went through escape)
