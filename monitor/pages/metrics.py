@@ -30,7 +30,7 @@ import logging
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
@@ -43,7 +43,7 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
-from monitor.models import GRAIN_DAY, GRAIN_HOUR, Heartbeat, Region, Rollup, Route, Task
+from monitor.models import GRAIN_DAY, GRAIN_HOUR, Heartbeat, Region, Route, Task
 from monitor.pages import overview
 from monitor.pipeline import queues
 from monitor.pipeline.ingest import REJECTED_COUNTER
@@ -168,6 +168,10 @@ def _timestamp(when: datetime | None) -> float | None:
     return when.timestamp() if when is not None else None
 
 
+# Before any rollup row (the counters' start).
+ALL_TIME = datetime(2000, 1, 1, tzinfo=UTC)
+
+
 class RollupCollector(Collector):
     """Reads the rollups, winners, heartbeats and queue depths once per `collect()`."""
 
@@ -186,11 +190,17 @@ class RollupCollector(Collector):
                 return None  # deleted meanwhile
             return [tasks[task_id], str(route_id), region_slugs[region_id]]
 
+        # Every daily row; the settled days kept between scrapes (read again after a late
+        # write into one, rollups.LATE_WRITES): a year of them took 1.1-1.4 s to sum.
         all_time = {
             k: (labels(k), s)
-            for k, s in rollups.stats_by(
-                Rollup.objects.filter(grain=GRAIN_DAY, region__isnull=False),
-                ["task_id", "route_id", "region_id"],
+            for k, s in rollups.stats_over(
+                since=ALL_TIME,
+                until=self.now + timedelta(hours=1),
+                grain=GRAIN_DAY,
+                key_fields=["task_id", "route_id", "region_id"],
+                all_regions=False,
+                keep_settled=True,
             ).items()
         }
         since = self.now - overview.WINDOW

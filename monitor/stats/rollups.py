@@ -25,6 +25,7 @@ from django.contrib.postgres.aggregates import JSONBAgg
 from django.contrib.postgres.fields import ArrayField
 from django.db import connection
 from django.db.models import Aggregate, Field, IntegerField, Max, Q, QuerySet, Sum
+from django.utils import timezone
 
 from monitor import limits
 from monitor.models import (
@@ -32,6 +33,7 @@ from monitor.models import (
     GRAIN_HOUR,
     OUTCOME_MISSED,
     OUTCOME_OK,
+    Heartbeat,
     Rollup,
 )
 from monitor.stats import hist
@@ -270,7 +272,35 @@ def _upsert(deltas: dict[Key, _Delta]) -> int:
     columns += [[getattr(d, name) for d in ordered] for name in _LATEST]
     with connection.cursor() as cursor:
         cursor.execute(_upsert_sql(), columns)
+        if _into_settled(keys, timezone.now()):
+            # In this transaction: a kept read that sees the new count has these rows too.
+            cursor.execute(_LATE_SQL, [LATE_WRITES, timezone.now()])
     return len(deltas)
+
+
+# Writes into hours or days already settled (a result spooled through a broker outage, a late
+# sweep): each adds one to this Heartbeat counter, and stats_over drops the settled stats it
+# keeps when the count has moved. LATE_LEAD: a write this close to settling counts as late too
+# (a reader may settle the hour while the writer's transaction is still open).
+LATE_WRITES = "rollups-late-writes"
+LATE_LEAD = timedelta(minutes=1)
+_LATE_SQL = (
+    "INSERT INTO monitor_heartbeat (name, last_seen, count) VALUES (%s, %s, 1) "
+    "ON CONFLICT (name) DO UPDATE SET last_seen = excluded.last_seen, "
+    "count = monitor_heartbeat.count + 1"
+)
+
+
+def _into_settled(keys: Iterable[Key], now: datetime) -> bool:
+    edge = now - settled_after() + LATE_LEAD
+    edges = {grain: bucket_start(edge, grain) for grain in (GRAIN_HOUR, GRAIN_DAY)}
+    return any(bucket < edges[grain] for grain, bucket, *_ in keys)
+
+
+def late_writes() -> int:
+    """How many writes went into settled hours or days so far (LATE_WRITES)."""
+    found = Heartbeat.objects.filter(name=LATE_WRITES).values_list("count", flat=True).first()
+    return found or 0
 
 
 @dataclass
@@ -512,8 +542,8 @@ def stats_by(
 # An hour's rows stop changing once every slot of it is past its deadline: a probe's deadline
 # (at most PROBE_TIMEOUT_MAX_S, monitor.limits) plus the slot's grace, and the tick's sweep
 # records a slot missed within a tick of it. Then ingest and the sweep are done with the hour:
-# its rows are settled. The rare exception, a result spooled through a broker outage, shows
-# within SETTLED_TTL. Callers that keep settled hours pass `until` = now + 1 h (the current
+# its rows are settled. The rare exception, a result spooled through a broker outage, counts
+# as a late write (LATE_WRITES): kept stats are read again at once. Callers that keep settled hours pass `until` = now + 1 h (the current
 # hour whole), so until - 1 h is their present: at 11:25 the hours before 11:00 are settled
 # and only the current hour is read; until 11:20 or so, the one before it too.
 SETTLE_MARGIN = timedelta(minutes=2)
@@ -527,9 +557,9 @@ def settled_after() -> timedelta:
 
 SETTLED_TTL = 600.0  # seconds a process keeps settled stats before reading them again
 SETTLED_KEPT = 256  # windows a process keeps at most (the least recently read go first)
-_settled: OrderedDict[tuple[Any, ...], tuple[float, dict[tuple[int | None, ...], Stats]]] = (
-    OrderedDict()
-)
+# Per window: when it was read, late_writes() before it was, and its stats.
+_Kept = tuple[float, int, dict[tuple[int | None, ...], Stats]]
+_settled: OrderedDict[tuple[Any, ...], _Kept] = OrderedDict()
 _settled_lock = threading.Lock()
 
 
@@ -553,8 +583,8 @@ def stats_over(
 ) -> dict[tuple[int | None, ...], Stats]:
     """`stats_by` over the rows of [since, until) (of `task_ids`, and matching `where`, e.g.
     {"route_id": 3}). With `keep_settled` (and `until` = now + 1 h), the hours (or days) that
-    ended settled_after() before now are read once and kept in this process (compacted,
-    SETTLED_TTL at most), so a window read again as it slides reads only its recent rows: the overview's
+    ended settled_after() before now are read once and kept in this process (compacted, read
+    again after a write into them, LATE_WRITES, or after SETTLED_TTL), so a window read again as it slides reads only its recent rows: the overview's
     rebuild every few seconds (25 hours of 3,600 combinations: 1.6 s), a page refreshed in
     an open tab, a page's 30-day window read by day. `all_regions=None` reads each region's
     rows and the all-regions rows together (rows()): keyed by region_id, which must be among
@@ -584,12 +614,14 @@ def stats_over(
     )
     key = (*query, start, split)
     clock = time.monotonic()
+    # Read before the settled rows are: a late write after it shows at the next read.
+    late = late_writes()
     with _settled_lock:
         kept = _settled.get(key)
         if kept is not None:
             _settled.move_to_end(key)
-    if kept is None or clock - kept[0] > SETTLED_TTL:
-        kept = (clock, {k: s.compact() for k, s in read(start, split).items()})
+    if kept is None or clock - kept[0] > SETTLED_TTL or kept[1] != late:
+        kept = (clock, late, {k: s.compact() for k, s in read(start, split).items()})
         with _settled_lock:
             # Only the newest window of a query is worth keeping (the hours slide).
             for old in [k for k in _settled if k[: len(query)] == query]:
@@ -597,7 +629,7 @@ def stats_over(
             _settled[key] = kept
             while len(_settled) > SETTLED_KEPT:
                 _settled.popitem(last=False)
-    settled, merged = kept[1], read(split, until)
+    settled, merged = kept[2], read(split, until)
     # The kept stats are shared (with other threads too): each read adds to copies.
     for k, old_hours in settled.items():
         stats = Stats()

@@ -5,6 +5,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
+import time_machine
 
 from monitor.models import GRAIN_DAY, GRAIN_HOUR, ProbeResult, ProbeSlot, RaceRun, Rollup
 from monitor.pipeline import ingest
@@ -340,14 +341,17 @@ def test_the_overview_window_reads_its_settled_hours_once_and_agrees_with_a_full
     again = selection.Window.read(since, until, keep_settled=True)
     assert _figures(first) == _figures(full) == _figures(again)
     assert sum(s.count for s in full.per_route.values()) == 176
-    # A result for a settled hour (T0 + 1 h) arriving now is in a full read, and in the kept
-    # one only once the settled hours are read again (SETTLED_TTL).
+    # A result for a settled hour (T0 + 1 h) arriving now is a late write: the kept hours are
+    # read again at once, and agree with a full read.
+    late = rollups.late_writes()
     ingest.ingest([f.payload(t, r1, eu, T0 + timedelta(hours=1, minutes=1))])
+    assert rollups.late_writes() == late + 1
     assert full.per_region[(t.pk, r1.pk, eu.pk)].count + 1 == (
         selection.Window.read(since, until).per_region[(t.pk, r1.pk, eu.pk)].count
     )
     kept = selection.Window.read(since, until, keep_settled=True)
-    assert _figures(kept) == _figures(first)
+    assert _figures(kept) == _figures(selection.Window.read(since, until))
+    first = kept
     # A result for a recent hour shows at once.
     ingest.ingest([f.payload(t, r2, us, now - timedelta(minutes=2))])
     kept = selection.Window.read(since, until, keep_settled=True)
@@ -363,14 +367,16 @@ def test_the_overview_window_reads_its_settled_hours_once_and_agrees_with_a_full
 def test_the_hour_before_settles_once_its_slots_are_past_their_deadlines(setup) -> None:
     """The previous hour is read each time until its last slot's deadline (the longest probe
     deadline plus the grace and a tick) has passed, and kept after that: from about 20 past
-    the hour, a window's read holds the current hour only."""
+    the hour, a window's read holds the current hour only. A result written into a settled
+    hour after that is a late write, and kept hours are read again at once."""
     t, r1, _r2, eu, _us = setup
     ingest.ingest([f.payload(t, r1, eu, T0 + timedelta(hours=8, minutes=10 + i)) for i in range(5)])
     where = {"task_id": t.pk}
     settle = rollups.settled_after()
     assert timedelta(minutes=15) < settle < timedelta(minutes=30)
 
-    def count(now: datetime) -> int:
+    def read(now: datetime) -> tuple[int, datetime]:
+        """The count, and where the kept hours end."""
         found = rollups.stats_over(
             since=now - timedelta(hours=24),
             until=now + timedelta(hours=1),
@@ -379,15 +385,25 @@ def test_the_hour_before_settles_once_its_slots_are_past_their_deadlines(setup) 
             where=where,
             keep_settled=True,
         )
-        return found[(r1.pk,)].count
+        kept_until = max(k[-1] for k in rollups._settled if k[-3] == (("task_id", t.pk),))
+        return found[(r1.pk,)].count, kept_until
 
     early = T0 + timedelta(hours=9) + settle - timedelta(minutes=1)
     late = T0 + timedelta(hours=9) + settle + timedelta(minutes=1)
-    assert count(early) == count(late) == 5
-    # A result for 8:50 that ingest takes in now (a probe with a long deadline).
-    ingest.ingest([f.payload(t, r1, eu, T0 + timedelta(hours=8, minutes=50))])
-    assert count(late) == 5  # settled: kept, so it shows within SETTLED_TTL
-    assert count(early) == 6  # still read each time: its slots' deadlines are not all past
+    assert read(early) == (5, T0 + timedelta(hours=8))  # 8:00-9:00 still read each time
+    assert read(late) == (5, T0 + timedelta(hours=9))  # settled: kept
+    # A probe with a long deadline: its result for 8:50 arrives just before the hour settles
+    # (not a late write), then another one just after (a late write).
+    writes = rollups.late_writes()
+    with time_machine.travel(early - timedelta(minutes=1), tick=False):
+        ingest.ingest([f.payload(t, r1, eu, T0 + timedelta(hours=8, minutes=50))])
+    assert rollups.late_writes() == writes
+    assert read(early)[0] == 6
+    assert read(late) == (6, T0 + timedelta(hours=9))  # kept again, with it
+    with time_machine.travel(late, tick=False):
+        ingest.ingest([f.payload(t, r1, eu, T0 + timedelta(hours=8, minutes=51))])
+    assert rollups.late_writes() == writes + 1
+    assert read(late) == (7, T0 + timedelta(hours=9))
 
 
 def test_one_read_gives_each_regions_figures_and_all_regions_merged(setup) -> None:
