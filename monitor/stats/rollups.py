@@ -285,9 +285,8 @@ def _upsert(deltas: dict[Key, _Delta]) -> int:
 LATE_WRITES = "rollups-late-writes"
 LATE_LEAD = timedelta(minutes=1)
 _LATE_SQL = (
-    "INSERT INTO monitor_heartbeat (name, last_seen, count) VALUES (%s, %s, 1) "
-    "ON CONFLICT (name) DO UPDATE SET last_seen = excluded.last_seen, "
-    "count = monitor_heartbeat.count + 1"
+    f"INSERT INTO {Heartbeat._meta.db_table} AS h (name, last_seen, count) VALUES (%s, %s, 1) "
+    "ON CONFLICT (name) DO UPDATE SET last_seen = excluded.last_seen, count = h.count + 1"
 )
 
 
@@ -543,9 +542,10 @@ def stats_by(
 # (at most PROBE_TIMEOUT_MAX_S, monitor.limits) plus the slot's grace, and the tick's sweep
 # records a slot missed within a tick of it. Then ingest and the sweep are done with the hour:
 # its rows are settled. The rare exception, a result spooled through a broker outage, counts
-# as a late write (LATE_WRITES): kept stats are read again at once. Callers that keep settled hours pass `until` = now + 1 h (the current
-# hour whole), so until - 1 h is their present: at 11:25 the hours before 11:00 are settled
-# and only the current hour is read; until 11:20 or so, the one before it too.
+# as a late write (LATE_WRITES): kept stats are read again at once. Callers that keep settled
+# hours pass `until` = now + 1 h (the current hour whole), so until - 1 h is their present:
+# at 11:25 the hours before 11:00 are settled and only the current hour is read; until 11:20
+# or so, the one before it too.
 SETTLE_MARGIN = timedelta(minutes=2)
 
 
@@ -583,11 +583,12 @@ def stats_over(
 ) -> dict[tuple[int | None, ...], Stats]:
     """`stats_by` over the rows of [since, until) (of `task_ids`, and matching `where`, e.g.
     {"route_id": 3}). With `keep_settled` (and `until` = now + 1 h), the hours (or days) that
-    ended settled_after() before now are read once and kept in this process (compacted, read
-    again after a write into them, LATE_WRITES, or after SETTLED_TTL), so a window read again as it slides reads only its recent rows: the overview's
-    rebuild every few seconds (25 hours of 3,600 combinations: 1.6 s), a page refreshed in
-    an open tab, a page's 30-day window read by day. `all_regions=None` reads each region's
-    rows and the all-regions rows together (rows()): keyed by region_id, which must be among
+    ended settled_after() before now are read once and kept in this process (compacted; read
+    again after a write into them, LATE_WRITES, or after SETTLED_TTL), so a window read again
+    as it slides reads only its recent rows: the overview's rebuild every few seconds (25
+    hours of 3,600 combinations: 1.6 s), a page refreshed in an open tab, a page's 30-day
+    window read by day, /metrics' all-time sums. `all_regions=None` reads each region's rows
+    and the all-regions rows together (rows()): keyed by region_id, which must be among
     `key_fields`."""
     if all_regions is None and "region_id" not in key_fields:
         # Both kinds of row summed under one key would count every probe twice.
