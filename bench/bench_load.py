@@ -63,6 +63,10 @@ SUCCEEDED = re.compile(r"Task (monitor\.tasks\.\w+)\[[^\]]+\] succeeded in ([0-9
 SERVER_ONLY_SECRETS = ("SECRET_KEY", "FIELD_ENCRYPTION_KEYS", "DATABASE_URL", "EMAIL_HOST_PASSWORD")
 
 
+# The first table a query reads (its FROM), to name it in the report.
+TABLE = re.compile(r'FROM\s+"?(\w+)"?', re.IGNORECASE)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -187,6 +191,8 @@ class Pages(threading.Thread):
         self.times: dict[str, list[float]] = {}
         self.sql: dict[str, list[float]] = {}  # of each read, the time its queries took (ms)
         self.queries: dict[str, int] = {}  # queries of the page's last read
+        # Of each page, each query's times (ms), by its table and place in the page.
+        self.per_query: dict[str, dict[str, list[float]]] = {}
         self.failed = 0
 
     def urls(self) -> list[tuple[str, str]]:
@@ -209,6 +215,7 @@ class Pages(threading.Thread):
         from django.db import connection
 
         spent: list[float] = []
+        labels: list[str] = []
 
         def timed(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
             t = time.perf_counter()
@@ -216,9 +223,12 @@ class Pages(threading.Thread):
                 return execute(sql, params, many, context)
             finally:
                 spent.append((time.perf_counter() - t) * 1000)
+                table = TABLE.search(sql)
+                labels.append(f"#{len(labels) + 1} {table.group(1) if table else sql[:30]}")
 
         for name, url in urls:
             spent.clear()
+            labels.clear()
             with connection.execute_wrapper(timed):
                 t0 = time.perf_counter()
                 response = client.get(url)
@@ -230,6 +240,9 @@ class Pages(threading.Thread):
             self.times.setdefault(name, []).append(ms)
             self.sql.setdefault(name, []).append(sum(spent))
             self.queries[name] = len(spent)
+            page = self.per_query.setdefault(name, {})
+            for label, ms in zip(labels, spent, strict=True):
+                page.setdefault(label, []).append(ms)
 
     def run(self) -> None:
         from django.contrib.auth.models import User
@@ -635,6 +648,12 @@ def run(ns: argparse.Namespace) -> int:
     print(
         f"  pages: worst p95 {worst:.1f} ms  {'ok' if worst < 100 else 'MISSES TARGET'} (< 100 ms); {pages.failed} failed reads"
     )
+    print("  each page's slowest queries under load, p50 / p95 (#n: its place in the page)")
+    for name, _url in urls:
+        found = pages.per_query.get(name, {})
+        top = sorted(found.items(), key=lambda kv: -_p(kv[1], 0.95))[:3]
+        shown = ", ".join(f"{label} {_p(v, 0.5):.1f}/{_p(v, 0.95):.1f}" for label, v in top)
+        print(f"  {name:14} {shown}")
     with contextlib.suppress(Exception):
         print(f"  machine load after: {os.getloadavg()}")
     return 0
