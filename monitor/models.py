@@ -1124,6 +1124,19 @@ class Heartbeat(models.Model):
     def __str__(self) -> str:
         return f"{self.name} @ {self.last_seen}"
 
+    @classmethod
+    def add(cls, name: str, n: int = 1) -> None:
+        """Add n to a durable counter: one statement, so concurrent writers never lose an
+        increment; inside a transaction, it counts only if that commits."""
+        table = cls._meta.db_table
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {table} (name, last_seen, count) VALUES (%s, now(), %s) "
+                f"ON CONFLICT (name) DO UPDATE SET count = {table}.count + EXCLUDED.count, "
+                "last_seen = EXCLUDED.last_seen",
+                [name, n],
+            )
+
 
 class OverviewSnapshot(models.Model):
     """A computed page kept ready to read (monitor.pages.overview): the same for every reader."""

@@ -420,18 +420,9 @@ def write_rows(rows: Sequence[tuple[Any, ...]]) -> tuple[list[ResultRow], int]:
 
 
 def count_rejected(n: int) -> None:
-    """Add n to the durable count of rejected results: one statement, so concurrent ingest
-    workers never lose an increment (shown in the admin's Heartbeat list)."""
-    if n <= 0:
-        return
-    table = Heartbeat._meta.db_table
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {table} (name, last_seen, count) VALUES (%s, now(), %s) "
-            f"ON CONFLICT (name) DO UPDATE SET count = {table}.count + EXCLUDED.count, "
-            "last_seen = EXCLUDED.last_seen",
-            [REJECTED_COUNTER, n],
-        )
+    """Add n to the durable count of rejected results (shown in the admin's Heartbeat list)."""
+    if n > 0:
+        Heartbeat.add(REJECTED_COUNTER, n)
 
 
 def _set_slot_status(results: Sequence[ResultRow], status: str, *, only_open: bool) -> None:

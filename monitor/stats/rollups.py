@@ -272,9 +272,9 @@ def _upsert(deltas: dict[Key, _Delta]) -> int:
     columns += [[getattr(d, name) for d in ordered] for name in _LATEST]
     with connection.cursor() as cursor:
         cursor.execute(_upsert_sql(), columns)
-        if _into_settled(keys, timezone.now()):
-            # In this transaction: a kept read that sees the new count has these rows too.
-            cursor.execute(_LATE_SQL, [LATE_WRITES, timezone.now()])
+    if _into_settled(keys, timezone.now()):
+        # In this transaction: a kept read that sees the new count has these rows too.
+        Heartbeat.add(LATE_WRITES)
     return len(deltas)
 
 
@@ -284,10 +284,6 @@ def _upsert(deltas: dict[Key, _Delta]) -> int:
 # (a reader may settle the hour while the writer's transaction is still open).
 LATE_WRITES = "rollups-late-writes"
 LATE_LEAD = timedelta(minutes=1)
-_LATE_SQL = (
-    f"INSERT INTO {Heartbeat._meta.db_table} AS h (name, last_seen, count) VALUES (%s, %s, 1) "
-    "ON CONFLICT (name) DO UPDATE SET last_seen = excluded.last_seen, count = h.count + 1"
-)
 
 
 def _into_settled(keys: Iterable[Key], now: datetime) -> bool:
