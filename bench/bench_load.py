@@ -24,9 +24,11 @@ window's slots to close (result or missed). It reports, each against its target:
 - CPU (cores used) and memory (RSS) per component, PostgreSQL and Redis included;
 - page server time p50/p95 per page (Django in this process, pages read one after another
   with a 0.5 s pause), idle (on the history, before the workers start: the same-run baseline)
-  and during the load, with the ratio (target p95 < 100 ms). `--pages-nice` runs the reader at
-  another CPU priority (as a web server given one), `--background-nice` the ingest and
-  scheduler workers.
+  and during the load, with the ratio (target p95 < 100 ms). The celery workers run at the
+  product's RW_WORKER_NICE (10, monitor.celery) unless `--worker-nice` says otherwise;
+  `--pages-nice` runs the reader at another CPU priority (as a web server given one);
+- the window's measured TTFT and e2e (p50/p99), to compare runs at another worker priority:
+  waiting for a CPU must not move them (kernel receive timestamps).
 Retention's cost (drop of a day's partition vs DELETE of a day) is `make bench-partitions`.
 """
 
@@ -190,6 +192,9 @@ class Pages(threading.Thread):
         self.stop = threading.Event()
         self.times: dict[str, list[float]] = {}
         self.sql: dict[str, list[float]] = {}  # of each read, the time its queries took (ms)
+        # Of each read, the CPU time of the reading thread (ms): the rest of its server time is
+        # its queries and waiting for a CPU.
+        self.cpu: dict[str, list[float]] = {}
         self.queries: dict[str, int] = {}  # queries of the page's last read
         # Of each page, each query's times (ms), by its table and place in the page.
         self.per_query: dict[str, dict[str, list[float]]] = {}
@@ -230,15 +235,17 @@ class Pages(threading.Thread):
             spent.clear()
             labels.clear()
             with connection.execute_wrapper(timed):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 response = client.get(url)
                 if getattr(response, "streaming", False):
                     b"".join(response.streaming_content)
                 ms = (time.perf_counter() - t0) * 1000
+                cpu_ms = (time.thread_time() - c0) * 1000
             if response.status_code != 200:
                 self.failed += 1
             self.times.setdefault(name, []).append(ms)
             self.sql.setdefault(name, []).append(sum(spent))
+            self.cpu.setdefault(name, []).append(cpu_ms)
             self.queries[name] = len(spent)
             page = self.per_query.setdefault(name, {})
             for label, ms in zip(labels, spent, strict=True):
@@ -335,6 +342,8 @@ def run(ns: argparse.Namespace) -> int:
         "RW_SPOOL_DIR": str(tmp / "spool"),
         "PYTHONUNBUFFERED": "1",
     }
+    if ns.worker_nice is not None:
+        env["RW_WORKER_NICE"] = str(ns.worker_nice)
     os.environ.update(env)
     subprocess.run(
         [PY, str(ROOT / "manage.py"), "migrate", "--noinput", "-v0"], env=env, check=True
@@ -370,7 +379,8 @@ def run(ns: argparse.Namespace) -> int:
         f"combinations, a probe every {ns.interval} s = {combos / ns.interval:.0f} probes/s; "
         f"tick every {tick_s} s; {ns.ingest_workers} ingest worker(s) x concurrency "
         f"{ns.ingest_concurrency}, region workers at concurrency {ns.region_concurrency}, "
-        f"results flushed every {ns.flush} s, "
+        f"results flushed every {ns.flush} s, workers at nice "
+        f"{env.get('RW_WORKER_NICE', 'default')}, "
         f"{'a scheduler worker of its own' if ns.scheduler_worker else 'ticks on the ingest workers'}",
         flush=True,
     )
@@ -412,7 +422,6 @@ def run(ns: argparse.Namespace) -> int:
         idle.once(client, urls)
 
     celery = [PY, "-m", "celery", "-A", "monitor"]
-    background = ["nice", "-n", str(ns.background_nice)] if ns.background_nice else []
     procs = [
         Proc(
             "simulator",
@@ -430,7 +439,6 @@ def run(ns: argparse.Namespace) -> int:
                 "scheduler",
                 "scheduler worker",
                 [
-                    *background,
                     *celery,
                     "worker",
                     "--loglevel",
@@ -455,7 +463,6 @@ def run(ns: argparse.Namespace) -> int:
                 f"ingest{i}",
                 "ingest workers",
                 [
-                    *background,
                     *celery,
                     "worker",
                     "--loglevel",
@@ -585,6 +592,14 @@ def run(ns: argparse.Namespace) -> int:
                 [start, end],
             )
             outcomes = cursor.fetchall()
+            cursor.execute(
+                "SELECT percentile_cont(array[0.5, 0.99]) WITHIN GROUP (ORDER BY ttft_ms), "
+                "percentile_cont(array[0.5, 0.99]) WITHIN GROUP (ORDER BY e2e_ms) "
+                "FROM monitor_proberesult WHERE started_at >= %s AND started_at < %s "
+                "AND outcome = 'ok'",
+                [start, end],
+            )
+            measured = cursor.fetchone()
         durations: dict[str, list[float]] = {}
         for p in procs:
             if p.component in ("ingest workers", "scheduler worker"):
@@ -609,6 +624,12 @@ def run(ns: argparse.Namespace) -> int:
     )
     shown = ", ".join(f"{o}/{k or '-'} {n}" for o, k, n in outcomes)
     print(f"  outcomes of the window's rows: {shown}")
+    if measured and measured[0]:
+        (ttft50, ttft99), (e2e50, e2e99) = measured
+        print(
+            f"  measured: TTFT p50 {ttft50:.0f} ms, p99 {ttft99:.0f} ms; e2e p50 {e2e50:.0f} ms, "
+            f"p99 {e2e99:.0f} ms (compare runs at another --worker-nice)"
+        )
     lag_p99 = _p(lags, 0.99)
     print(
         f"  ingest lag: p50 {_p(lags, 0.5):.2f} s, p99 {lag_p99:.2f} s, max "
@@ -631,7 +652,7 @@ def run(ns: argparse.Namespace) -> int:
         print(f"  {name:18} {cpu[name]:11.2f} {rss[name]:10.0f}")
     print(
         f"  {'page':14} {'idle p95':>9} {'load p50':>9} {'load p95':>9} {'load/idle':>9}"
-        f"  {'queries':>7} {'SQL p50':>8} {'SQL p95':>8}"
+        f"  {'queries':>7} {'SQL p50':>8} {'SQL p95':>8} {'CPU p50':>8} {'CPU p95':>8} {'idle CPU':>8}"
     )
     worst = 0.0
     for name, _url in urls:
@@ -640,10 +661,12 @@ def run(ns: argparse.Namespace) -> int:
         p95 = _p(during, 0.95)
         worst = max(worst, p95)
         sql = pages.sql.get(name, [])
+        own = pages.cpu.get(name, [])
         print(
             f"  {name:14} {_p(base, 0.95):7.1f}ms {_p(during, 0.5):7.1f}ms {p95:7.1f}ms "
             f"{p95 / _p(base, 0.95):8.1f}x  {pages.queries.get(name, 0):7} "
-            f"{_p(sql, 0.5):6.1f}ms {_p(sql, 0.95):6.1f}ms  ({len(during)} reads)"
+            f"{_p(sql, 0.5):6.1f}ms {_p(sql, 0.95):6.1f}ms {_p(own, 0.5):6.1f}ms "
+            f"{_p(own, 0.95):6.1f}ms {_p(idle.cpu.get(name, []), 0.5):6.1f}ms  ({len(during)} reads)"
         )
     print(
         f"  pages: worst p95 {worst:.1f} ms  {'ok' if worst < 100 else 'MISSES TARGET'} (< 100 ms); {pages.failed} failed reads"
@@ -685,7 +708,12 @@ def main() -> None:
         default=True,
         help="tick, sweep and overview in a worker of their own (queue default)",
     )
-    parser.add_argument("--background-nice", type=int, default=0)
+    parser.add_argument(
+        "--worker-nice",
+        type=int,
+        default=None,
+        help="RW_WORKER_NICE for every celery worker (default: the product's, 10)",
+    )
     parser.add_argument("--pages-nice", type=int, default=0)
     parser.add_argument("--flush", type=int, default=2, help="RW_RESULT_FLUSH_SECONDS")
     sys.exit(run(parser.parse_args()))

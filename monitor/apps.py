@@ -1,7 +1,24 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django.apps import AppConfig
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.signals import connection_created
 from django.db.models.signals import m2m_changed, post_delete, post_save
+
+
+def without_jit(connection: BaseDatabaseWrapper, **_: Any) -> None:
+    """Every connection of ours runs without PostgreSQL's JIT compiler. Our queries are short
+    and index-driven, but their cost estimates grow with the data (a route's 7-day comparison
+    rows: 71,000 after one day at 3,600 combinations), and past jit_above_cost (100,000) each
+    execution compiles first: +25 ms for the route page's comparison rows on PostgreSQL 15,
+    +200 ms past jit_optimize_above_cost (500,000), for a query of 120 ms (README,
+    "Scaling"). Official PostgreSQL images have JIT on; the embedded server has no JIT. A
+    session setting, so poolers that refuse startup options (PgBouncer) are fine."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SET jit = off")
 
 
 class MonitorConfig(AppConfig):
@@ -13,6 +30,7 @@ class MonitorConfig(AppConfig):
         from monitor.models import EvalCase, Provider, Region, Route, Task
         from monitor.pages import overview
 
+        connection_created.connect(without_jit, dispatch_uid="monitor-without-jit")
         # A configuration change shows on the overview at once, not at its next rebuild.
         for model in (Provider, Route, Region, Task, EvalCase):
             post_save.connect(overview.forget, sender=model, dispatch_uid=f"forget-{model}")

@@ -227,3 +227,19 @@ def test_a_login_behind_a_tls_terminating_proxy_works(web_behind_proxy: int, own
     for value in response.headers.get_all("Set-Cookie") or []:
         session.load(value)
     assert session["sessionid"]["secure"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_every_database_connection_runs_without_the_jit_compiler() -> None:
+    """JIT compiles a query whose cost estimate passes jit_above_cost before running it: tens
+    to hundreds of ms on pages whose queries take a few (monitor.apps.without_jit). The
+    server's own default stays on; each of our connections, new or reopened, turns it off."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT reset_val FROM pg_settings WHERE name = 'jit'")
+        assert cursor.fetchone()[0] == "on", "the server default, which our sessions override"
+        cursor.execute("SHOW jit")
+        assert cursor.fetchone()[0] == "off"
+    connection.close()
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW jit")
+        assert cursor.fetchone()[0] == "off"
