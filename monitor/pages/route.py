@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict
 
 from django.db import connection
-from django.db.models import FloatField, Func, Q
+from django.db.models import FloatField, Func
 from django.utils.safestring import SafeString, mark_safe
 
 from monitor.models import (
@@ -286,30 +286,54 @@ def waterfall(probe: dict[str, Any] | None) -> list[Segment]:
     ]
 
 
+_HEADROOM_SQL = f"""
+SELECT g.id, r.started_at, r.ratelimit_remaining_requests, r.ratelimit_remaining_tokens,
+       r.retry_after_s
+FROM unnest(%(regions)s::bigint[]) AS g(id)
+CROSS JOIN LATERAL (
+    SELECT p.started_at, p.ratelimit_remaining_requests, p.ratelimit_remaining_tokens,
+           p.retry_after_s
+    FROM {ProbeResult._meta.db_table} p
+    WHERE p.route_id = %(route)s AND p.region_id = g.id AND p.started_at >= %(since)s
+      AND (p.ratelimit_remaining_requests IS NOT NULL
+           OR p.ratelimit_remaining_tokens IS NOT NULL OR p.retry_after_s IS NOT NULL)
+    ORDER BY p.started_at DESC
+    LIMIT 1
+) AS r
+"""
+
+
 def headroom(
     route: Route, regions: list[Region], window_stats: dict[int | None, Stats], now: datetime
 ) -> list[Headroom]:
-    """The latest rate-limit headers per region (one DISTINCT ON read of the last hour)."""
-    latest = {
-        row["region_id"]: row
-        for row in ProbeResult.objects.filter(
-            route=route, region__in=regions, started_at__gte=now - HEADROOM_WINDOW
+    """The latest rate-limit headers per region, from the last hour: for each region, the
+    route's (route, started_at) index read backwards to its first row with headers (0.2 ms
+    where the provider sends them; 10 ms over an hour of 7,200 rows where it never does). One
+    DISTINCT ON over the hour's rows, sorted, took 7-29 ms either way."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _HEADROOM_SQL,
+            {
+                "regions": [g.pk for g in regions],
+                "route": route.pk,
+                "since": now - HEADROOM_WINDOW,
+            },
         )
-        .filter(
-            Q(ratelimit_remaining_requests__isnull=False)
-            | Q(ratelimit_remaining_tokens__isnull=False)
-            | Q(retry_after_s__isnull=False)
-        )
-        .order_by("region_id", "-started_at")
-        .distinct("region_id")
-        .values(
-            "region_id",
-            "started_at",
-            "ratelimit_remaining_requests",
-            "ratelimit_remaining_tokens",
-            "retry_after_s",
-        )
-    }
+        latest = {
+            row[0]: dict(
+                zip(
+                    (
+                        "started_at",
+                        "ratelimit_remaining_requests",
+                        "ratelimit_remaining_tokens",
+                        "retry_after_s",
+                    ),
+                    row[1:],
+                    strict=True,
+                )
+            )
+            for row in cursor.fetchall()
+        }
     out = []
     for region in regions:
         row = latest.get(region.pk)

@@ -145,3 +145,40 @@ def test_the_probe_logs_newest_page_comes_from_one_read_of_the_newest_seconds(db
     second = log.page(log.LogFilter(), first.next_cursor, now)
     assert [row.pk for row in second.rows] == everything[50:]
     assert second.next_cursor is None
+
+
+def test_headroom_is_each_regions_latest_headers_of_the_last_hour(db: None) -> None:
+    """Per region, the newest probe of the last hour that carried rate-limit headers, past
+    newer probes that carried none; a region with none in the hour shows none, and other
+    routes' headers never stand in."""
+    from monitor.pages import route as pages_route
+
+    p = f.provider("gateway")
+    r, other = f.route(p, "chat"), f.route(p, "other")
+    east, west, south = f.region("us-east"), f.region("eu-west"), f.region("ap-south")
+    t = f.task("qa", [r, other], [east, west, south])
+    now = timezone.now()
+
+    def probe(route: Any, g: Any, minutes: float, **headers: Any) -> dict[str, Any]:
+        return {**f.payload(t, route, g, now - timedelta(minutes=minutes)), **headers}
+
+    rows = [
+        probe(r, east, 30, ratelimit_remaining_requests=40, ratelimit_remaining_tokens=9000),
+        probe(r, east, 20, ratelimit_remaining_requests=12),
+        probe(r, east, 5),  # newer, without headers
+        probe(r, west, 90, ratelimit_remaining_requests=7),  # over an hour ago
+        probe(r, west, 3),
+        probe(r, south, 10, retry_after_s=30.0),
+        probe(other, west, 1, ratelimit_remaining_requests=999),  # another route
+    ]
+    assert ingest.ingest(rows) == len(rows)
+    shown = {h.region.slug: h for h in pages_route.headroom(r, [east, west, south], {}, now)}
+    assert list(shown) == ["us-east", "eu-west", "ap-south"]
+    assert shown["us-east"].remaining_requests == 12
+    assert shown["us-east"].remaining_tokens is None
+    assert shown["us-east"].started_at is not None
+    assert abs((now - shown["us-east"].started_at) - timedelta(minutes=20)) < timedelta(seconds=1)
+    assert shown["eu-west"].started_at is None
+    assert shown["eu-west"].remaining_requests is None
+    assert shown["ap-south"].retry_after_s == 30.0
+    assert shown["ap-south"].remaining_requests is None
