@@ -99,6 +99,12 @@ try:
         maximum=limits.INGEST_RETRY_BACKOFF_MAX_S,
     )
     DEAD_LETTER_MAX = envint("DEAD_LETTER_MAX", 10_000, minimum=1)
+    # An ingest message a worker took and has held unacknowledged this long, with no retry
+    # time ahead of it, goes back to the ingest queue (monitor.pipeline.queues.take_back_stalled):
+    # its worker died or lost the broker before running it. Ingest is idempotent, so a copy
+    # that was only slow is stored once. Without this, Redis gives it back only after the
+    # visibility timeout (about 17 minutes).
+    INGEST_STALLED_SECONDS = envint("INGEST_STALLED_SECONDS", 30, minimum=2, maximum=3600)
     # Region workers: results that cannot be published (broker down) wait in this directory,
     # at most this many batches and bytes (the oldest are dropped, with a counted log line),
     # and are published again every RW_SPOOL_RETRY_SECONDS and before each new batch.

@@ -124,6 +124,30 @@ def _start_spool_flusher(**_: Any) -> None:
     ).start()
 
 
+def _stalled_ingest_taker(stop: threading.Event) -> None:
+    every = max(1.0, settings.INGEST_STALLED_SECONDS / 3)
+    while not stop.wait(every):
+        try:
+            queues.take_back_stalled(settings.INGEST_STALLED_SECONDS)
+        except Exception as exc:  # the broker away: the next round tries again
+            log.info("stalled ingest messages not checked (%s)", type(exc).__name__)
+
+
+@worker_ready.connect
+def _start_stalled_ingest_taker(sender: Any = None, **_: Any) -> None:
+    """Workers that consume the ingest queue take back its stalled messages (a worker died or
+    lost the broker holding them: queues.take_back_stalled) a few times a minute."""
+    consumer = getattr(sender, "task_consumer", None)
+    if INGEST_QUEUE not in {q.name for q in getattr(consumer, "queues", ())}:
+        return
+    threading.Thread(
+        target=_stalled_ingest_taker,
+        args=(threading.Event(),),
+        name="stalled-ingest-taker",
+        daemon=True,
+    ).start()
+
+
 @shared_task(name=RUN_PROBE_BATCH, **REGION_TASK_OPTIONS)  # "monitor.tasks.run_probe_batch"
 def run_probe_batch(batch: dict[str, Any]) -> int:
     """On a region worker: run a batch of probes, send the results to ingest over the broker

@@ -12,10 +12,12 @@ or the page's button (ingest is idempotent, so a replay never stores a result tw
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from functools import cache
 from typing import Literal, TypedDict
 
@@ -66,6 +68,80 @@ def depths(queues: Iterable[str]) -> dict[str, int]:
 def unacked() -> int:
     """Messages taken by a worker and not yet acknowledged (running, or waiting to retry)."""
     return int(client().hlen(_UNACKED_KEY))
+
+
+# kombu's Redis transport keeps each delivered, unacknowledged message in the `unacked` hash
+# (delivery tag -> JSON [message, exchange, routing key]) and its delivery time in the
+# `unacked_index` sorted set; it gives a message back only after the visibility timeout.
+_UNACKED_INDEX_KEY = "unacked_index"
+# Atomic: the message goes back only if it is still the one read (not acknowledged, not
+# restored by kombu or another worker meanwhile).
+_TAKE_BACK = """
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('RPUSH', KEYS[3], ARGV[3])
+return 1
+"""
+
+
+def take_back_stalled(older_than_s: float, now: float | None = None, limit: int = 500) -> int:
+    """Put back in the ingest queue, to be taken next, the ingest messages a worker has held
+    unacknowledged for over `older_than_s` with no retry time ahead of them: a worker killed,
+    or cut off from the broker, after taking a message and before running it (Celery drops
+    what it had prefetched when its connection breaks). kombu would give them back only after
+    its visibility timeout, 17 minutes, long after their slots were recorded missed. A copy of
+    a message that was only slow is harmless: ingest stores each slot's result once. Other
+    queues' messages are never touched (a batch runs for minutes and must not run twice).
+    Returns how many went back."""
+    c = client()
+    now = time.time() if now is None else now
+    cutoff = now - older_than_s
+    tags: list[bytes] = c.zrangebyscore(  # type: ignore[assignment]
+        _UNACKED_INDEX_KEY, "-inf", cutoff, start=0, num=limit
+    )
+    back = 0
+    script = c.register_script(_TAKE_BACK)
+    for tag in tags:
+        raw: bytes | None = c.hget(_UNACKED_KEY, tag)  # type: ignore[assignment]
+        if raw is None:
+            continue
+        try:
+            message, _exchange, routing_key = json.loads(raw)
+            headers = message.get("headers") or {}
+            priority = (message.get("properties") or {}).get("priority") or 0
+        except (ValueError, TypeError, AttributeError):
+            continue
+        if routing_key != INGEST_QUEUE_NAMES[0] or priority:
+            continue
+        eta = headers.get("eta")
+        if eta and _after(eta, cutoff):
+            continue  # a retry waiting for its time, held by a live worker
+        headers["redelivered"] = True
+        with contextlib.suppress(KeyError, TypeError):
+            message["properties"]["delivery_info"]["redelivered"] = True
+        keys = [_UNACKED_KEY, _UNACKED_INDEX_KEY, INGEST_QUEUE_NAMES[0]]
+        back += int(script(keys=keys, args=[tag, raw, json.dumps(message)]))
+    if back:
+        log.warning(
+            "took back %d ingest message(s) a worker held unacknowledged for over %d s "
+            "(it died or lost the broker before running them)",
+            back,
+            older_than_s,
+        )
+    return back
+
+
+def _after(iso: str, cutoff: float) -> bool:
+    """Is an ISO-8601 time (a message's eta) after `cutoff` (Unix time)? Unreadable: yes (left
+    to kombu's visibility timeout)."""
+    try:
+        when = datetime.fromisoformat(iso)
+    except (TypeError, ValueError):
+        return True
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.timestamp() > cutoff
 
 
 def park(kind: DeadLetterKind, body: object, reason: str, attempts: int) -> None:

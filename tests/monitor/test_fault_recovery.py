@@ -13,8 +13,10 @@ is the issue's five minutes).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import sys
 import threading
 import time
 from collections import Counter
@@ -453,3 +455,94 @@ def test_a_worker_killed_mid_batch_ends_measured_or_missed_never_twice(
         f"whole worker SIGKILL: slots {dict(statuses)} in all, closed {overshoot_s:+.1f} s from "
         "the last deadline; 0 duplicates",
     )
+
+
+# A consumer that takes one ingest message through kombu's own code (which records it in Redis'
+# unacknowledged hash), says so, and waits to be killed without acknowledging it.
+_HOLDER = """
+import time, django
+django.setup()
+from monitor.celery import app
+with app.connection_for_read() as conn:
+    message = conn.default_channel.basic_get("ingest", no_ack=False)
+    print("held" if message is not None else "nothing", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_an_ingest_message_a_killed_worker_held_comes_back_within_seconds(
+    sim: SimulatorProcess, stack: Stack
+) -> None:
+    """A worker killed (or cut off from the broker) after taking an ingest message and before
+    running it leaves the message in Redis' unacknowledged hash; kombu gives it back only after
+    its visibility timeout, 17 minutes, when the page has shown its slots missed for long.
+    Ingest workers take it back after INGEST_STALLED_SECONDS; its results are stored once."""
+    if _external():
+        pytest.skip("needs the embedded Redis to itself")
+    task = _configure(sim)
+    slots = _open_slots(task, 3)
+    key_id, _, secret = REGION_KEYS[REGION].partition(":")
+    sealed = signing.seal(
+        signing.RegionSecret(key_id, secret),
+        REGION,
+        signing.KIND_RESULTS,
+        [_result(task, r, at) for r, at in slots],
+        None,
+    )
+    client = queues.client()
+    client.delete(INGEST_QUEUE, "unacked", "unacked_index")
+    tasks.ingest_results.apply_async(args=(sealed,), queue=INGEST_QUEUE)
+    assert queues.depths([INGEST_QUEUE])[INGEST_QUEUE] == 1
+    holder = support.start([sys.executable, "-c", _HOLDER], stack.env, stack.tmp / "holder.log")
+    try:
+        assert support.wait_until(lambda: "held" in stack.log("holder"), 30), stack.logs()
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+    assert queues.depths([INGEST_QUEUE])[INGEST_QUEUE] == 0
+    assert queues.unacked() == 1  # kombu's visibility timeout would hold it for 17 minutes
+
+    stack.ingest_worker("ingest", INGEST_STALLED_SECONDS="3")
+    killed_at = time.monotonic()
+
+    def stored() -> bool:
+        return ProbeResult.objects.filter(outcome="ok").count() >= len(slots)
+
+    assert support.wait_until(stored, 60, interval_s=0.5), stack.logs()
+    taken_back_s = time.monotonic() - killed_at
+    _figure("ingest message held by a killed worker", f"stored {taken_back_s:.1f} s later")
+    assert "took back 1 ingest message" in stack.log("ingest")
+    assert ProbeResult.objects.count() == len(slots)
+    assert set(ProbeSlot.objects.values_list("status", flat=True)) == {"done"}
+    assert queues.unacked() == 0
+    assert _one_row_per_slot()
+
+
+def test_taking_back_leaves_other_queues_retries_and_fresh_messages_alone() -> None:
+    """Only ingest messages held past the threshold go back: never a region's batch (it runs
+    for minutes; twice would probe twice), a retry waiting for its time, or one just taken."""
+    client = queues.client()
+    client.delete(INGEST_QUEUE, "probes.r1", "unacked", "unacked_index")
+    now = time.time()
+
+    def held(tag: str, routing_key: str, age_s: float, eta: str | None = None) -> None:
+        headers: dict[str, Any] = {"task": "monitor.tasks.ingest_results", "eta": eta}
+        message = {"body": "e30=", "headers": headers, "properties": {"delivery_tag": tag}}
+        client.hset("unacked", tag, json.dumps([message, routing_key, routing_key]))
+        client.zadd("unacked_index", {tag: now - age_s})
+
+    later = datetime.fromtimestamp(now + 60, UTC).isoformat()
+    earlier = datetime.fromtimestamp(now - 120, UTC).isoformat()
+    held("stalled", INGEST_QUEUE, 100)
+    held("batch", "probes.r1", 100)
+    held("retry-later", INGEST_QUEUE, 100, eta=later)
+    held("retry-due", INGEST_QUEUE, 100, eta=earlier)
+    held("fresh", INGEST_QUEUE, 5)
+    assert queues.take_back_stalled(30, now=now) == 2
+    assert sorted(client.hkeys("unacked")) == [b"batch", b"fresh", b"retry-later"]
+    requeued = [json.loads(raw) for raw in client.lrange(INGEST_QUEUE, 0, -1)]
+    assert sorted(m["properties"]["delivery_tag"] for m in requeued) == ["retry-due", "stalled"]
+    assert all(m["headers"]["redelivered"] for m in requeued)
+    assert client.llen("probes.r1") == 0
+    assert queues.take_back_stalled(30, now=now) == 0  # each goes back once
+    client.delete(INGEST_QUEUE, "unacked", "unacked_index")
