@@ -212,8 +212,9 @@ class Player:
         if self.final is not None:
             truth = self.truth
             truth.output_tokens, truth.reasoning_tokens, truth.hidden_tokens = self.final
-        self.responder.end()
-        self.truth.end_at = _clock()
+        # Stamped just before the last bytes are handed over (Responder.end), like every other
+        # stamp: a stamp taken after could come later than the client saw them arrive.
+        self.truth.end_at = self.responder.end()
         self._finish()
 
 
