@@ -24,11 +24,13 @@ window's slots to close (result or missed). It reports, each against its target:
 - CPU (cores used) and memory (RSS) per component, PostgreSQL and Redis included;
 - page server time p50/p95 per page (Django in this process, pages read one after another
   with a 0.5 s pause), idle (on the history, before the workers start: the same-run baseline)
-  and during the load, with the ratio (target p95 < 100 ms). The celery workers run at the
-  product's RW_WORKER_NICE (10, monitor.celery) unless `--worker-nice` says otherwise;
-  `--pages-nice` runs the reader at another CPU priority (as a web server given one);
+  and during the load, with the ratio (target p95 < 100 ms). `--worker-nice` runs every
+  celery worker under `nice -n`, `--pages-nice` the reader at another CPU priority (as a web
+  server given one);
 - the window's measured TTFT and e2e (p50/p99), to compare runs at another worker priority:
-  waiting for a CPU must not move them (kernel receive timestamps).
+  waiting for a CPU must not move them (kernel receive timestamps). `--alternate-nice 0,10`
+  compares two worker priorities in one run (switched every `--phase` seconds; root), pages
+  and probe timings by phase: two separate runs differ by the host's drift (±30-50%).
 Retention's cost (drop of a day's partition vs DELETE of a day) is `make bench-partitions`.
 """
 
@@ -199,6 +201,10 @@ class Pages(threading.Thread):
         # Of each page, each query's times (ms), by its table and place in the page.
         self.per_query: dict[str, dict[str, list[float]]] = {}
         self.failed = 0
+        # --alternate-nice: the workers' nice value when each read started, and each read's
+        # time by it (page -> nice -> ms).
+        self.phase: int | None = None
+        self.by_phase: dict[str, dict[int, list[float]]] = {}
 
     def urls(self) -> list[tuple[str, str]]:
         from monitor.models import Route, Task
@@ -234,6 +240,7 @@ class Pages(threading.Thread):
         for name, url in urls:
             spent.clear()
             labels.clear()
+            phase = self.phase
             with connection.execute_wrapper(timed):
                 t0, c0 = time.perf_counter(), time.thread_time()
                 response = client.get(url)
@@ -246,6 +253,8 @@ class Pages(threading.Thread):
             self.times.setdefault(name, []).append(ms)
             self.sql.setdefault(name, []).append(sum(spent))
             self.cpu.setdefault(name, []).append(cpu_ms)
+            if phase is not None and phase == self.phase:  # not across a switch
+                self.by_phase.setdefault(name, {}).setdefault(phase, []).append(ms)
             self.queries[name] = len(spent)
             page = self.per_query.setdefault(name, {})
             for label, ms in zip(labels, spent, strict=True):
@@ -305,6 +314,16 @@ def _rss(procs: list[Any]) -> float:
     return total / 2**20
 
 
+def _renice(pids: list[int], nice: int) -> None:
+    """Every thread of these processes to `nice` (Linux priorities are per thread; going back
+    down needs root: the bench's --alternate-nice)."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError):
+                    os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+
+
 def _servers(env: dict[str, str]) -> dict[str, list[int]]:
     """PostgreSQL and Redis process ids (the embedded ones, or any on this machine)."""
     import psutil
@@ -330,6 +349,11 @@ def run(ns: argparse.Namespace) -> int:
     redis_url = urlunsplit(redis._replace(path="/9"))  # the bench's own broker database
     tmp = Path(tempfile.mkdtemp(prefix="rw-bench-load-"))
     tick_s = ns.tick
+    alternate: tuple[int, ...] = ()
+    if ns.alternate_nice:
+        alternate = tuple(int(n) for n in ns.alternate_nice.split(","))
+        if len(alternate) != 2 or not all(0 <= n <= 19 for n in alternate):
+            raise SystemExit("--alternate-nice takes two nice values, e.g. 0,10")
     env = {
         **os.environ,
         "DATABASE_URL": url,
@@ -342,8 +366,6 @@ def run(ns: argparse.Namespace) -> int:
         "RW_SPOOL_DIR": str(tmp / "spool"),
         "PYTHONUNBUFFERED": "1",
     }
-    if ns.worker_nice is not None:
-        env["RW_WORKER_NICE"] = str(ns.worker_nice)
     os.environ.update(env)
     subprocess.run(
         [PY, str(ROOT / "manage.py"), "migrate", "--noinput", "-v0"], env=env, check=True
@@ -379,8 +401,7 @@ def run(ns: argparse.Namespace) -> int:
         f"combinations, a probe every {ns.interval} s = {combos / ns.interval:.0f} probes/s; "
         f"tick every {tick_s} s; {ns.ingest_workers} ingest worker(s) x concurrency "
         f"{ns.ingest_concurrency}, region workers at concurrency {ns.region_concurrency}, "
-        f"results flushed every {ns.flush} s, workers at nice "
-        f"{env.get('RW_WORKER_NICE', 'default')}, "
+        f"results flushed every {ns.flush} s, workers at nice {ns.worker_nice}, "
         f"{'a scheduler worker of its own' if ns.scheduler_worker else 'ticks on the ingest workers'}",
         flush=True,
     )
@@ -421,7 +442,9 @@ def run(ns: argparse.Namespace) -> int:
     for _ in range(10):
         idle.once(client, urls)
 
-    celery = [PY, "-m", "celery", "-A", "monitor"]
+    # Every celery process (workers and beat) under `nice -n`, when asked.
+    celery = [*(["nice", "-n", str(ns.worker_nice)] if ns.worker_nice else []), PY, "-m"]
+    celery += ["celery", "-A", "monitor"]
     procs = [
         Proc(
             "simulator",
@@ -546,7 +569,24 @@ def run(ns: argparse.Namespace) -> int:
         cpu0 = {name: _cpu(ps) for name, ps in trees().items()}
         start = datetime.now(UTC)
         t0 = time.monotonic()
-        time.sleep(ns.measure)
+        # (nice, start, end) of each phase, for the window's TTFT by phase.
+        phases: list[tuple[int, datetime, datetime]] = []
+        if alternate:
+            workers = ("scheduler worker", "ingest workers", "region workers")
+            i = 0
+            while time.monotonic() - t0 < ns.measure:
+                nice = alternate[i % 2]
+                pids = [p.pid for c in workers for p in trees().get(c, [])]
+                pages.phase = None
+                _renice(pids, nice)
+                pages.phase = nice
+                begun = datetime.now(UTC)
+                time.sleep(max(0.0, min(ns.phase, ns.measure - (time.monotonic() - t0))))
+                phases.append((nice, begun, datetime.now(UTC)))
+                i += 1
+            pages.phase = None
+        else:
+            time.sleep(ns.measure)
         wall = time.monotonic() - t0
         end = datetime.now(UTC)
         comps = trees()
@@ -600,6 +640,18 @@ def run(ns: argparse.Namespace) -> int:
                 [start, end],
             )
             measured = cursor.fetchone()
+            # TTFT and e2e of the probes that started in each phase (its first 2 s left out).
+            by_nice: dict[int, tuple[list[float], list[float]]] = {}
+            for nice, begun, ended in phases:
+                cursor.execute(
+                    "SELECT ttft_ms, e2e_ms FROM monitor_proberesult WHERE started_at >= %s "
+                    "AND started_at < %s AND outcome = 'ok'",
+                    [begun + timedelta(seconds=2), ended],
+                )
+                ttfts, e2es = by_nice.setdefault(nice, ([], []))
+                for ttft, e2e in cursor.fetchall():
+                    ttfts.append(ttft)
+                    e2es.append(e2e)
         durations: dict[str, list[float]] = {}
         for p in procs:
             if p.component in ("ingest workers", "scheduler worker"):
@@ -671,6 +723,25 @@ def run(ns: argparse.Namespace) -> int:
     print(
         f"  pages: worst p95 {worst:.1f} ms  {'ok' if worst < 100 else 'MISSES TARGET'} (< 100 ms); {pages.failed} failed reads"
     )
+    if alternate:
+        a, b = alternate
+        print(
+            f"  workers' nice alternated {a} and {b} every {ns.phase} s (same run): page p95 "
+            f"at {a} / at {b}, then probes' TTFT and e2e p50/p99 by the phase they started in"
+        )
+        for name, _url in urls:
+            got = pages.by_phase.get(name, {})
+            at_a, at_b = got.get(a, []), got.get(b, [])
+            print(
+                f"  {name:14} {_p(at_a, 0.95):7.1f}ms / {_p(at_b, 0.95):7.1f}ms  "
+                f"({len(at_a)} / {len(at_b)} reads)"
+            )
+        for nice in alternate:
+            ttfts, e2es = by_nice.get(nice, ([], []))
+            print(
+                f"  probes at nice {nice:2}: TTFT {_p(ttfts, 0.5):.0f}/{_p(ttfts, 0.99):.0f} ms, "
+                f"e2e {_p(e2es, 0.5):.0f}/{_p(e2es, 0.99):.0f} ms ({len(ttfts):,} probes)"
+            )
     print("  each page's slowest queries under load, p50 / p95 (#n: its place in the page)")
     for name, _url in urls:
         found = pages.per_query.get(name, {})
@@ -709,12 +780,17 @@ def main() -> None:
         help="tick, sweep and overview in a worker of their own (queue default)",
     )
     parser.add_argument(
-        "--worker-nice",
-        type=int,
-        default=None,
-        help="RW_WORKER_NICE for every celery worker (default: the product's, 10)",
+        "--worker-nice", type=int, default=0, help="run every celery worker under nice -n"
     )
     parser.add_argument("--pages-nice", type=int, default=0)
+    parser.add_argument(
+        "--alternate-nice",
+        default="",
+        help="e.g. 0,10: switch every worker between two nice values every --phase seconds "
+        "during the window (needs root to go back down) and report pages and probe timings "
+        "by phase: an A/B in one run, immune to the host's drift",
+    )
+    parser.add_argument("--phase", type=int, default=15, help="seconds per --alternate-nice phase")
     parser.add_argument("--flush", type=int, default=2, help="RW_RESULT_FLUSH_SECONDS")
     sys.exit(run(parser.parse_args()))
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -39,46 +38,3 @@ def test_beat_ticks_and_a_worker_runs_the_tick(tmp_path: Path) -> None:
     finally:
         support.stop(beat)
         support.stop(worker)
-
-
-def _nice(pid: int) -> int:
-    # /proc/<pid>/stat: the field after the command name's ")" ... nice is the 19th field.
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[16])
-
-
-def _pool_children(pid: int) -> list[int]:
-    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    return [int(c) for c in text.split()]
-
-
-@pytest.mark.django_db(transaction=True)
-def test_workers_run_at_the_configured_cpu_priority_and_their_pools_inherit_it(
-    tmp_path: Path,
-) -> None:
-    """RW_WORKER_NICE lowers a worker's CPU priority at start, and its prefork pool processes
-    (which run the probes and ingest) have it too; 0 leaves the worker at the web's."""
-    ours = os.getpriority(os.PRIO_PROCESS, 0)
-    assert ours < 7, "the test process must start below the nice value it checks"
-    env = support.child_env(connection.settings_dict)
-    argv = support.celery(
-        "worker", "--queues", "default", "--concurrency", "1", "--loglevel", "INFO"
-    )
-    niced = support.start(argv, {**env, "RW_WORKER_NICE": "7"}, tmp_path / "niced.log")
-    plain = support.start(argv, {**env, "RW_WORKER_NICE": "0"}, tmp_path / "plain.log")
-    try:
-        for log in (tmp_path / "niced.log", tmp_path / "plain.log"):
-
-            def ready(log: Path = log) -> bool:
-                return "ready" in log.read_text()
-
-            assert support.wait_until(ready, 60), log.read_text()[-3000:]
-        assert _nice(niced.pid) == 7
-        pool = _pool_children(niced.pid)
-        assert pool, "a prefork worker has a pool process"
-        assert {_nice(pid) for pid in pool} == {7}
-        assert _nice(plain.pid) == ours
-        assert {_nice(pid) for pid in _pool_children(plain.pid)} == {ours}
-    finally:
-        support.stop(niced)
-        support.stop(plain)
