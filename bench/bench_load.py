@@ -314,6 +314,17 @@ def _rss(procs: list[Any]) -> float:
     return total / 2**20
 
 
+def _timings(cursor: Any, since: datetime, until: datetime) -> tuple[list[float], list[float]]:
+    """TTFT and e2e (ms) of the probes that started in [since, until) and succeeded."""
+    cursor.execute(
+        "SELECT ttft_ms, e2e_ms FROM monitor_proberesult WHERE started_at >= %s "
+        "AND started_at < %s AND outcome = 'ok' AND ttft_ms IS NOT NULL AND e2e_ms IS NOT NULL",
+        [since, until],
+    )
+    rows = cursor.fetchall()
+    return [r[0] for r in rows], [r[1] for r in rows]
+
+
 def _renice(pids: list[int], nice: int) -> None:
     """Every thread of these processes to `nice` (Linux priorities are per thread; going back
     down needs root: the bench's --alternate-nice)."""
@@ -632,26 +643,14 @@ def run(ns: argparse.Namespace) -> int:
                 [start, end],
             )
             outcomes = cursor.fetchall()
-            cursor.execute(
-                "SELECT percentile_cont(array[0.5, 0.99]) WITHIN GROUP (ORDER BY ttft_ms), "
-                "percentile_cont(array[0.5, 0.99]) WITHIN GROUP (ORDER BY e2e_ms) "
-                "FROM monitor_proberesult WHERE started_at >= %s AND started_at < %s "
-                "AND outcome = 'ok'",
-                [start, end],
-            )
-            measured = cursor.fetchone()
-            # TTFT and e2e of the probes that started in each phase (its first 2 s left out).
+            measured = _timings(cursor, start, end)
+            # Of the probes that started in each phase (its first 2 s left out).
             by_nice: dict[int, tuple[list[float], list[float]]] = {}
             for nice, begun, ended in phases:
-                cursor.execute(
-                    "SELECT ttft_ms, e2e_ms FROM monitor_proberesult WHERE started_at >= %s "
-                    "AND started_at < %s AND outcome = 'ok'",
-                    [begun + timedelta(seconds=2), ended],
-                )
-                ttfts, e2es = by_nice.setdefault(nice, ([], []))
-                for ttft, e2e in cursor.fetchall():
-                    ttfts.append(ttft)
-                    e2es.append(e2e)
+                ttfts, e2es = _timings(cursor, begun + timedelta(seconds=2), ended)
+                kept = by_nice.setdefault(nice, ([], []))
+                kept[0].extend(ttfts)
+                kept[1].extend(e2es)
         durations: dict[str, list[float]] = {}
         for p in procs:
             if p.component in ("ingest workers", "scheduler worker"):
@@ -676,12 +675,12 @@ def run(ns: argparse.Namespace) -> int:
     )
     shown = ", ".join(f"{o}/{k or '-'} {n}" for o, k, n in outcomes)
     print(f"  outcomes of the window's rows: {shown}")
-    if measured and measured[0]:
-        (ttft50, ttft99), (e2e50, e2e99) = measured
-        print(
-            f"  measured: TTFT p50 {ttft50:.0f} ms, p99 {ttft99:.0f} ms; e2e p50 {e2e50:.0f} ms, "
-            f"p99 {e2e99:.0f} ms (compare runs at another --worker-nice)"
-        )
+    ttfts, e2es = measured
+    print(
+        f"  measured: TTFT p50 {_p(ttfts, 0.5):.0f} ms, p99 {_p(ttfts, 0.99):.0f} ms; e2e p50 "
+        f"{_p(e2es, 0.5):.0f} ms, p99 {_p(e2es, 0.99):.0f} ms (compare runs at another "
+        "--worker-nice)"
+    )
     lag_p99 = _p(lags, 0.99)
     print(
         f"  ingest lag: p50 {_p(lags, 0.5):.2f} s, p99 {lag_p99:.2f} s, max "

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from celery import Task, shared_task
@@ -108,29 +110,25 @@ def flush_spool() -> int:
         return 0
 
 
-def _spool_flusher(stop: threading.Event) -> None:
-    while not stop.wait(settings.SPOOL_RETRY_SECONDS):
-        try:
-            flush_spool()
-        except Exception:  # the flusher must outlive any one failure; the next round retries
-            log.exception("spool flush failed")
+def _every(seconds: float, work: Callable[[], object], name: str) -> None:
+    """Run `work` every `seconds` in a daemon thread of this worker, for as long as it lives;
+    a failure is logged (its type only) and the next round tries again."""
+
+    def loop() -> None:
+        while True:
+            time.sleep(seconds)
+            try:
+                work()
+            except Exception as exc:  # the thread must outlive any one failure
+                log.info("%s failed this round (%s)", name, type(exc).__name__)
+
+    threading.Thread(target=loop, name=name, daemon=True).start()
 
 
 @worker_ready.connect
 def _start_spool_flusher(**_: Any) -> None:
     """Every worker publishes its spool periodically, not only when its next batch comes."""
-    threading.Thread(
-        target=_spool_flusher, args=(threading.Event(),), name="spool-flusher", daemon=True
-    ).start()
-
-
-def _stalled_ingest_taker(stop: threading.Event) -> None:
-    every = max(1.0, settings.INGEST_STALLED_SECONDS / 3)
-    while not stop.wait(every):
-        try:
-            queues.take_back_stalled(settings.INGEST_STALLED_SECONDS)
-        except Exception as exc:  # the broker away: the next round tries again
-            log.info("stalled ingest messages not checked (%s)", type(exc).__name__)
+    _every(settings.SPOOL_RETRY_SECONDS, flush_spool, "spool-flusher")
 
 
 @worker_ready.connect
@@ -138,14 +136,13 @@ def _start_stalled_ingest_taker(sender: Any = None, **_: Any) -> None:
     """Workers that consume the ingest queue take back its stalled messages (a worker died or
     lost the broker holding them: queues.take_back_stalled) a few times a minute."""
     consumer = getattr(sender, "task_consumer", None)
-    if INGEST_QUEUE not in {q.name for q in getattr(consumer, "queues", ())}:
-        return
-    threading.Thread(
-        target=_stalled_ingest_taker,
-        args=(threading.Event(),),
-        name="stalled-ingest-taker",
-        daemon=True,
-    ).start()
+    if INGEST_QUEUE in {q.name for q in getattr(consumer, "queues", ())}:
+        stalled = settings.INGEST_STALLED_SECONDS
+        _every(
+            max(1.0, stalled / 3),
+            lambda: queues.take_back_stalled(stalled),
+            "stalled-ingest-taker",
+        )
 
 
 @shared_task(name=RUN_PROBE_BATCH, **REGION_TASK_OPTIONS)  # "monitor.tasks.run_probe_batch"
