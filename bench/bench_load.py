@@ -24,9 +24,12 @@ window's slots to close (result or missed). It reports, each against its target:
 - CPU (cores used) and memory (RSS) per component, PostgreSQL and Redis included;
 - page server time p50/p95 per page (Django in this process, pages read one after another
   with a 0.5 s pause), idle (on the history, before the workers start: the same-run baseline)
-  and during the load, with the ratio (target p95 < 100 ms). `--worker-nice` runs every
-  celery worker under `nice -n`, `--pages-nice` the reader at another CPU priority (as a web
-  server given one);
+  and during the load, with the ratio (target p95 < 100 ms). The celery workers run at the
+  product's RW_WORKER_NICE (10, monitor.celery: their own and their session's autogroup
+  priority) unless `--worker-nice` says otherwise; `--pages-nice` runs the reader at another
+  CPU priority (as a web server given one);
+- where a page read's time went: the reader's CPU, its wait for a CPU, its PostgreSQL
+  backend's CPU and wait (Linux schedstat);
 - the window's measured TTFT and e2e (p50/p99), to compare runs at another worker priority:
   waiting for a CPU must not move them (kernel receive timestamps). `--alternate-nice 0,10`
   compares two worker priorities in one run (switched every `--phase` seconds; root), pages
@@ -197,6 +200,11 @@ class Pages(threading.Thread):
         # Of each read, the CPU time of the reading thread (ms): the rest of its server time is
         # its queries and waiting for a CPU.
         self.cpu: dict[str, list[float]] = {}
+        # Of each read, the time the reading thread waited for a CPU while runnable, and the CPU
+        # time and CPU wait of the PostgreSQL backend serving it (ms; Linux schedstat).
+        self.wait: dict[str, list[float]] = {}
+        self.pg_cpu: dict[str, list[float]] = {}
+        self.pg_wait: dict[str, list[float]] = {}
         self.queries: dict[str, int] = {}  # queries of the page's last read
         # Of each page, each query's times (ms), by its table and place in the page.
         self.per_query: dict[str, dict[str, list[float]]] = {}
@@ -241,13 +249,22 @@ class Pages(threading.Thread):
             spent.clear()
             labels.clear()
             phase = self.phase
+            connection.ensure_connection()
+            backend = f"/proc/{connection.connection.info.backend_pid}/schedstat"
             with connection.execute_wrapper(timed):
+                _, w0 = _schedstat("/proc/thread-self/schedstat")
+                b0 = _schedstat(backend)
                 t0, c0 = time.perf_counter(), time.thread_time()
                 response = client.get(url)
                 if getattr(response, "streaming", False):
                     b"".join(response.streaming_content)
                 ms = (time.perf_counter() - t0) * 1000
                 cpu_ms = (time.thread_time() - c0) * 1000
+                _, w1 = _schedstat("/proc/thread-self/schedstat")
+                b1 = _schedstat(backend)
+            self.wait.setdefault(name, []).append(w1 - w0)
+            self.pg_cpu.setdefault(name, []).append(b1[0] - b0[0])
+            self.pg_wait.setdefault(name, []).append(b1[1] - b0[1])
             if response.status_code != 200:
                 self.failed += 1
             self.times.setdefault(name, []).append(ms)
@@ -278,6 +295,16 @@ class Pages(threading.Thread):
                 self.stop.wait(0.5)
         finally:
             connection.close()
+
+
+def _schedstat(path: str) -> tuple[float, float]:
+    """(CPU time, time runnable but waiting for a CPU) so far of a thread or process, in ms."""
+    try:
+        with open(path) as f:
+            ran, waited, _ = f.read().split()
+    except (OSError, ValueError):
+        return (0.0, 0.0)
+    return (int(ran) / 1e6, int(waited) / 1e6)
 
 
 def _tree(pid: int) -> list[Any]:
@@ -333,6 +360,10 @@ def _renice(pids: list[int], nice: int) -> None:
             for tid in os.listdir(f"/proc/{pid}/task"):
                 with contextlib.suppress(OSError):
                     os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+        # Each worker is a session of its own, so with autogroups (Linux's default on a
+        # desktop kernel) its share against other sessions is its autogroup's nice.
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/autogroup", "w") as f:
+            f.write(str(nice))
 
 
 def _servers(env: dict[str, str]) -> dict[str, list[int]]:
@@ -377,6 +408,8 @@ def run(ns: argparse.Namespace) -> int:
         "RW_SPOOL_DIR": str(tmp / "spool"),
         "PYTHONUNBUFFERED": "1",
     }
+    if ns.worker_nice is not None:
+        env["RW_WORKER_NICE"] = str(ns.worker_nice)
     os.environ.update(env)
     subprocess.run(
         [PY, str(ROOT / "manage.py"), "migrate", "--noinput", "-v0"], env=env, check=True
@@ -412,7 +445,8 @@ def run(ns: argparse.Namespace) -> int:
         f"combinations, a probe every {ns.interval} s = {combos / ns.interval:.0f} probes/s; "
         f"tick every {tick_s} s; {ns.ingest_workers} ingest worker(s) x concurrency "
         f"{ns.ingest_concurrency}, region workers at concurrency {ns.region_concurrency}, "
-        f"results flushed every {ns.flush} s, workers at nice {ns.worker_nice}, "
+        f"results flushed every {ns.flush} s, workers at nice "
+        f"{env.get('RW_WORKER_NICE', 'the product default')}, "
         f"{'a scheduler worker of its own' if ns.scheduler_worker else 'ticks on the ingest workers'}",
         flush=True,
     )
@@ -453,8 +487,7 @@ def run(ns: argparse.Namespace) -> int:
     for _ in range(10):
         idle.once(client, urls)
 
-    # Every celery process (workers and beat) under `nice -n`, when asked.
-    celery = [*(["nice", "-n", str(ns.worker_nice)] if ns.worker_nice else []), PY, "-m"]
+    celery = [PY, "-m"]
     celery += ["celery", "-A", "monitor"]
     procs = [
         Proc(
@@ -741,6 +774,17 @@ def run(ns: argparse.Namespace) -> int:
                 f"  probes at nice {nice:2}: TTFT {_p(ttfts, 0.5):.0f}/{_p(ttfts, 0.99):.0f} ms, "
                 f"e2e {_p(e2es, 0.5):.0f}/{_p(e2es, 0.99):.0f} ms ({len(ttfts):,} probes)"
             )
+    print(
+        "  where a read's time went under load, p50 / p95 (ms): the reader's CPU, its wait for a"
+        " CPU, its PostgreSQL backend's CPU and wait for a CPU"
+    )
+    for name, _url in urls:
+        parts = (pages.cpu, pages.wait, pages.pg_cpu, pages.pg_wait)
+        shown = "  ".join(
+            f"{_p(part.get(name, []), 0.5):5.1f}/{_p(part.get(name, []), 0.95):5.1f}"
+            for part in parts
+        )
+        print(f"  {name:14} {shown}")
     print("  each page's slowest queries under load, p50 / p95 (#n: its place in the page)")
     for name, _url in urls:
         found = pages.per_query.get(name, {})
@@ -779,7 +823,10 @@ def main() -> None:
         help="tick, sweep and overview in a worker of their own (queue default)",
     )
     parser.add_argument(
-        "--worker-nice", type=int, default=0, help="run every celery worker under nice -n"
+        "--worker-nice",
+        type=int,
+        default=None,
+        help="RW_WORKER_NICE for every celery worker (default: the product's, 10)",
     )
     parser.add_argument("--pages-nice", type=int, default=0)
     parser.add_argument(

@@ -115,6 +115,11 @@ try:
     # A region worker sends its batch's results in chunks this often as probes end (0: all at
     # the batch's end, up to one tick later). Smaller: less ingest lag, more ingest messages.
     RESULT_FLUSH_SECONDS = envint("RW_RESULT_FLUSH_SECONDS", 2, minimum=0, maximum=60)
+    # Celery workers (region, ingest, scheduler) lower their CPU priority to this nice value at
+    # start (monitor.celery), so a page someone waits on gets a CPU first on a shared machine.
+    # Probe timings come from the kernel's receive timestamps, so waiting for a CPU does not
+    # enter them. 0: the same priority as the web.
+    WORKER_NICE = envint("RW_WORKER_NICE", 10, minimum=0, maximum=19)
     EMAIL_BACKEND = envstr("EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
     EMAIL_HOST = envstr("EMAIL_HOST", "localhost")
     EMAIL_PORT = envint("EMAIL_PORT", 25, minimum=1, maximum=65535)

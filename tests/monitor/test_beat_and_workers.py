@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -38,3 +41,94 @@ def test_beat_ticks_and_a_worker_runs_the_tick(tmp_path: Path) -> None:
     finally:
         support.stop(beat)
         support.stop(worker)
+
+
+def _nice(pid: int) -> int:
+    # /proc/<pid>/stat: nice is the 19th field, the 17th after the command name's ")".
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[16])
+
+
+def _group_nice(pid: int) -> int | None:
+    """The nice of the process's autogroup (its session's share against other sessions), or
+    None on a kernel without autogroups."""
+    try:
+        return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
+    except OSError:
+        return None
+
+
+def _pool_children(pid: int) -> list[int]:
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    return [int(c) for c in text.split()]
+
+
+def _ready(*logs: Path) -> None:
+    for log in logs:
+
+        def ready(log: Path = log) -> bool:
+            return "ready" in log.read_text()
+
+        assert support.wait_until(ready, 60), log.read_text()[-3000:]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_workers_run_at_the_configured_cpu_priority_and_their_pools_inherit_it(
+    tmp_path: Path,
+) -> None:
+    """RW_WORKER_NICE lowers a worker's CPU priority at start, its prefork pool processes (which
+    run the probes and ingest) have it too, and so does its session's autogroup when it leads
+    its session (as under `make run`, a supervisor or systemd); 0 leaves it at the web's."""
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    assert ours < 7, "the test process must start below the nice value it checks"
+    env = support.child_env(connection.settings_dict)
+    argv = support.celery(
+        "worker", "--queues", "default", "--concurrency", "1", "--loglevel", "INFO"
+    )
+    niced = support.start(argv, {**env, "RW_WORKER_NICE": "7"}, tmp_path / "niced.log")
+    plain = support.start(argv, {**env, "RW_WORKER_NICE": "0"}, tmp_path / "plain.log")
+    try:
+        _ready(tmp_path / "niced.log", tmp_path / "plain.log")
+        assert _nice(niced.pid) == 7
+        pool = _pool_children(niced.pid)
+        assert pool, "a prefork worker has a pool process"
+        assert {_nice(pid) for pid in pool} == {7}
+        assert _nice(plain.pid) == ours
+        assert {_nice(pid) for pid in _pool_children(plain.pid)} == {ours}
+        if _group_nice(os.getpid()) is not None:
+            assert os.getsid(niced.pid) == niced.pid
+            assert _group_nice(niced.pid) == 7
+            assert _group_nice(plain.pid) == 0
+    finally:
+        support.stop(niced)
+        support.stop(plain)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_sharing_a_session_leaves_the_sessions_share_alone(tmp_path: Path) -> None:
+    """A worker started in another program's session (a shell script running the web and a
+    worker) lowers its own priority only: the session's autogroup is the web's too."""
+    before = _group_nice(os.getpid())
+    if before is None:
+        pytest.skip("this kernel has no autogroups (/proc/<pid>/autogroup)")
+    env = support.child_env(connection.settings_dict, RW_WORKER_NICE="9")
+    argv = support.celery(
+        "worker", "--queues", "default", "--concurrency", "1", "--loglevel", "INFO"
+    )
+    with (tmp_path / "worker.log").open("wb") as log:
+        worker = subprocess.Popen(
+            argv, env=env, cwd=support.ROOT, stdout=log, stderr=subprocess.STDOUT
+        )
+    try:
+        _ready(tmp_path / "worker.log")
+        assert os.getsid(worker.pid) == os.getsid(0)
+        assert _nice(worker.pid) == 9
+        assert _group_nice(worker.pid) == before
+        assert _group_nice(os.getpid()) == before
+    finally:
+        support.stop(worker)
+        if _group_nice(os.getpid()) != before:
+            # Put the test run's own session back (root may): the rest of the suite must not
+            # run at a lower priority because this check failed.
+            with contextlib.suppress(OSError):
+                Path("/proc/self/autogroup").write_text(str(before))

@@ -103,6 +103,16 @@ def test_every_service_that_needs_the_schema_waits_for_migrate(rendered) -> None
         assert services[name].get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
 
 
+def test_workers_yield_the_cpu_to_the_web_between_containers(rendered) -> None:
+    """Nice values do not cross containers (each has its own CPU cgroup): ingest and region
+    workers carry a lower CPU weight than the web, which keeps Docker's default (1024)."""
+    services = _services(rendered)
+    web = int(services["web"].get("cpu_shares", 1024))
+    workers = {"ingest", *_region_workers(rendered)}
+    for name in workers:
+        assert int(services[name].get("cpu_shares", 1024)) < web, name
+
+
 def test_postgres_is_the_embedded_major_and_redis_needs_a_password(rendered) -> None:
     services = _services(rendered)
     assert services["postgres"]["image"] == f"postgres:{POSTGRES_MAJOR}"
