@@ -65,6 +65,10 @@ class DelayProxy:
                 _pipe(client_r, upstream_w, self.one_way_s),
                 _pipe(upstream_r, client_w, self.one_way_s),
             )
+        except asyncio.CancelledError:
+            # The proxy is stopping: the connection just closes (asyncio would log a
+            # traceback for every open connection's cancelled handler).
+            pass
         finally:
             for w in (client_w, upstream_w):
                 w.close()

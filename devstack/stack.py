@@ -41,6 +41,9 @@ class Child:
     proc: subprocess.Popen[bytes] | None = None
     pump: threading.Thread | None = field(default=None, repr=False)
     exits: list[float] = field(default_factory=list)  # monotonic times of recent exits
+    # Stopped, and waited for, before the others: Celery processes, so a region worker's warm
+    # shutdown finishes its batch while the simulator and its delay proxy still answer.
+    stop_first: bool = False
 
 
 def _say(message: str) -> None:
@@ -134,19 +137,29 @@ def supervise(children: Sequence[Child], env: dict[str, str], stopping: threadin
     return 0
 
 
+# How long a wave of children may take to stop: a region worker's batch spreads its probes
+# over a tick (TICK_SECONDS, 10) and the slowest may take a few seconds more.
+STOP_WAIT_S = 25.0
+
+
 def _stop_children(children: Sequence[Child]) -> None:
-    for child in children:
-        if child.proc and child.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 15
-    for child in children:
-        if not child.proc:
-            continue
-        try:
-            child.proc.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
+    """Celery processes first, then the rest. SIGTERM goes to each child itself, never to its
+    process group: a Celery worker's warm shutdown lets its pool finish the task at hand (a
+    pool process sent SIGTERM directly dies with it: WorkerLostError, a region's batch lost),
+    gunicorn stops its own workers. What is still running after STOP_WAIT_S, and anything
+    left in a child's group, gets SIGKILL."""
+    for wave in ([c for c in children if c.stop_first], [c for c in children if not c.stop_first]):
+        for child in wave:
+            if child.proc and child.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_WAIT_S
+        for child in wave:
+            if not child.proc:
+                continue
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.proc.wait(max(0.1, deadline - time.monotonic()))
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(child.proc.pid, signal.SIGKILL)
             child.proc.wait()
 
@@ -228,6 +241,7 @@ def region_workers(
                     "RW_REGION_KEYS": keys[slug],
                     "RW_CONNECT_TO": f"127.0.0.1:{simulator_port}=127.0.0.1:{proxy_port}",
                 },
+                stop_first=True,
             )
         )
     return children
@@ -279,6 +293,7 @@ def stack_processes(env: dict[str, str], port: int) -> list[Child]:
                 "--pidfile",
                 "",
             ],
+            stop_first=True,
         ),
         Child(
             "ingest",
@@ -294,6 +309,7 @@ def stack_processes(env: dict[str, str], port: int) -> list[Child]:
                 "--concurrency",
                 "2",
             ],
+            stop_first=True,
         ),
     ]
     return children + region_workers(env, SIMULATOR_PORT)

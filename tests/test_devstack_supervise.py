@@ -5,6 +5,7 @@ Real child processes: one that exits is started again, a crash loop stops everyt
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -73,3 +74,63 @@ def test_a_crash_loop_stops_everything(tmp_path: Path) -> None:
     assert _starts(tmp_path, "crashing") == stack.CRASH_LOOP_EXITS
     assert steady.proc is not None
     assert steady.proc.returncode is not None  # stopped with the rest
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_stopping_lets_workers_finish_first_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    """As a Celery worker's warm shutdown: SIGTERM reaches the child itself, not the pool
+    processes of its group (which would die mid-task), and the children stopped first finish
+    while the others (the simulator, the delay proxies) still run; whatever a child leaves in
+    its group is killed."""
+    report = tmp_path / "report"
+    pool_pid = tmp_path / "pool.pid"
+    # A "pool process": notes a SIGTERM it gets, else sleeps until killed.
+    pool = (
+        "import pathlib, signal, time\n"
+        f"signal.signal(signal.SIGTERM, lambda *a: pathlib.Path({str(report)!r}).open('a')"
+        ".write('pool got SIGTERM\\n'))\n"
+        "time.sleep(120)\n"
+    )
+    proxy = stack.Child("proxy", [sys.executable, "-c", "import time; time.sleep(120)"])
+    stack._start_child(proxy, {})
+    assert proxy.proc is not None
+    # A "worker": starts a pool process in its group; on SIGTERM takes 1 s to finish its task,
+    # notes whether the proxy still runs then, and exits without stopping its pool process.
+    worker_code = (
+        "import os, pathlib, signal, subprocess, sys, time\n"
+        f"p = subprocess.Popen([sys.executable, '-c', {pool!r}])\n"
+        f"pathlib.Path({str(pool_pid)!r}).write_text(str(p.pid))\n"
+        "stop = []\n"
+        "signal.signal(signal.SIGTERM, lambda *a: stop.append(1))\n"
+        "while not stop:\n"
+        "    time.sleep(0.05)\n"
+        "time.sleep(1)\n"
+        f"alive = os.path.exists('/proc/{proxy.proc.pid}')\n"
+        f"pathlib.Path({str(report)!r}).open('a').write(f'proxy alive: {{alive}}\\n')\n"
+    )
+    worker = stack.Child("worker", [sys.executable, "-c", worker_code], stop_first=True)
+    stack._start_child(worker, {})
+    for _ in range(100):
+        if pool_pid.exists() and pool_pid.read_text():
+            break
+        time.sleep(0.05)
+    pid = int(pool_pid.read_text())
+    time.sleep(0.3)  # the pool process has set its handler
+    stack._stop_children([proxy, worker])
+    assert report.read_text().splitlines() == ["proxy alive: True"]
+    assert worker.proc is not None
+    assert worker.proc.returncode == 0
+    assert proxy.proc.returncode is not None
+    for _ in range(50):
+        if not _alive(pid):
+            break
+        time.sleep(0.1)
+    assert not _alive(pid), "the child's pool process was left running"
