@@ -26,8 +26,7 @@ window's slots to close (result or missed). It reports, each against its target:
   with a 0.5 s pause), idle (on the history, before the workers start: the same-run baseline)
   and during the load, with the ratio (target p95 < 100 ms). The celery workers run at the
   product's RW_WORKER_NICE (10, monitor.celery: their own and their session's autogroup
-  priority) unless `--worker-nice` says otherwise; `--pages-nice` runs the reader at another
-  CPU priority (as a web server given one);
+  priority) unless `--worker-nice` says otherwise;
 - where a page read's time went: the reader's CPU, its wait for a CPU, its PostgreSQL
   backend's CPU and wait (Linux schedstat);
 - the window's measured TTFT and e2e (p50/p99), to compare runs at another worker priority:
@@ -191,9 +190,8 @@ def build_world(sim_url: str, tasks: int, routes: int, regions: int, interval_s:
 class Pages(threading.Thread):
     """Reads every page, one after the other, until stopped; server time per page (ms)."""
 
-    def __init__(self, nice: int = 0) -> None:
+    def __init__(self) -> None:
         super().__init__(daemon=True)
-        self.nice = nice
         self.stop = threading.Event()
         self.times: dict[str, list[float]] = {}
         self.sql: dict[str, list[float]] = {}  # of each read, the time its queries took (ms)
@@ -282,9 +280,6 @@ class Pages(threading.Thread):
         from django.db import connection
         from django.test import Client
 
-        if self.nice:
-            # This thread only (Linux), as a web server run at that priority would be.
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
         user, _ = User.objects.get_or_create(username="bench-load", is_staff=True)
         client = Client(SERVER_NAME="localhost")
         client.force_login(user)
@@ -487,8 +482,7 @@ def run(ns: argparse.Namespace) -> int:
     for _ in range(10):
         idle.once(client, urls)
 
-    celery = [PY, "-m"]
-    celery += ["celery", "-A", "monitor"]
+    celery = [PY, "-m", "celery", "-A", "monitor"]
     procs = [
         Proc(
             "simulator",
@@ -586,7 +580,7 @@ def run(ns: argparse.Namespace) -> int:
     )
     procs.append(beat)
     servers = _servers(env)
-    pages = Pages(ns.pages_nice)
+    pages = Pages()
     try:
         for p in procs:
             p.start()
@@ -828,7 +822,6 @@ def main() -> None:
         default=None,
         help="RW_WORKER_NICE for every celery worker (default: the product's, 10)",
     )
-    parser.add_argument("--pages-nice", type=int, default=0)
     parser.add_argument(
         "--alternate-nice",
         default="",
