@@ -142,23 +142,25 @@ def supervise(children: Sequence[Child], env: dict[str, str], stopping: threadin
 STOP_WAIT_S = 25.0
 
 
-def _stop_children(children: Sequence[Child]) -> None:
+def _stop_children(children: Sequence[Child], wait_s: float = STOP_WAIT_S) -> None:
     """Celery processes first, then the rest. SIGTERM goes to each child itself, never to its
     process group: a Celery worker's warm shutdown lets its pool finish the task at hand (a
     pool process sent SIGTERM directly dies with it: WorkerLostError, a region's batch lost),
-    gunicorn stops its own workers. What is still running after STOP_WAIT_S, and anything
-    left in a child's group, gets SIGKILL."""
+    gunicorn stops its own workers. What is still running after `wait_s` (named, so a slow
+    stop says who held it), and anything left in a child's group, gets SIGKILL."""
     for wave in ([c for c in children if c.stop_first], [c for c in children if not c.stop_first]):
         for child in wave:
             if child.proc and child.proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(child.proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_WAIT_S
+        deadline = time.monotonic() + wait_s
         for child in wave:
             if not child.proc:
                 continue
-            with contextlib.suppress(subprocess.TimeoutExpired):
+            try:
                 child.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _say(f"{child.name} did not stop within {wait_s:.0f} s; killing it")
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(child.proc.pid, signal.SIGKILL)
             child.proc.wait()

@@ -11,6 +11,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from devstack import stack
 
 
@@ -134,3 +136,30 @@ def test_stopping_lets_workers_finish_first_and_leaves_nothing_behind(tmp_path: 
             break
         time.sleep(0.1)
     assert not _alive(pid), "the child's pool process was left running"
+
+
+def test_a_child_that_ignores_the_stop_is_named_and_killed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stubborn = stack.Child(
+        "stubborn",
+        [
+            sys.executable,
+            "-c",
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)",
+        ],
+        stop_first=True,
+    )
+    polite = stack.Child("polite", [sys.executable, "-c", "import time; time.sleep(120)"])
+    for child in (stubborn, polite):
+        stack._start_child(child, {})
+    time.sleep(0.5)  # the handler is set
+    stack._stop_children([stubborn, polite], wait_s=1)
+    out = capsys.readouterr()
+    said = out.out + out.err
+    assert "stubborn did not stop within 1 s; killing it" in said
+    assert "polite did not stop" not in said
+    assert stubborn.proc is not None
+    assert stubborn.proc.returncode == -9
+    assert polite.proc is not None
+    assert polite.proc.returncode == -15
