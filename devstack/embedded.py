@@ -146,30 +146,43 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _redis_ping(port: int) -> bool:
+def _redis_reply(port: int) -> bytes:
+    """Redis's first reply bytes to PING: b"+PONG" when ready, b"-LOADING" while it reads its
+    data at start, b"" when nothing answers."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
             sock.sendall(b"PING\r\n")
-            return sock.recv(64).startswith(b"+PONG")
+            return sock.recv(64)
     except OSError:
-        return False
+        return b""
 
 
 def redis_port(var_dir: Path) -> int | None:
-    """The port of a running embedded Redis, or None."""
+    """The port of a running embedded Redis (ready, or still loading its data), or None."""
     redis_dir = var_dir / "redis"
     try:
         pid = int((redis_dir / "redis.pid").read_text().strip())
         port = int((redis_dir / "port").read_text().strip())
     except (OSError, ValueError):
         return None
-    if _pid_alive(pid) and _redis_ping(port):
+    if _pid_alive(pid) and _redis_reply(port).startswith((b"+PONG", b"-LOADING")):
         return port
     return None
 
 
-def start_redis(var_dir: Path) -> str:
-    """Start (or reuse) the embedded Redis on a free loopback port; return a REDIS_URL."""
+# How long a started Redis may take to answer at all. While it answers LOADING (it reads its
+# append-only file: seconds a GB) it is making progress, and is waited for however long.
+REDIS_START_S = 10.0
+# An append-only file this much larger than the data it holds (a broker's file grows with
+# every message ever queued; Redis rewrites it by itself only when it doubles since the size
+# it started with) is rewritten at start, so the next start does not replay it all.
+AOF_COMPACT_MIN_BYTES = 64 * 1024 * 1024
+AOF_COMPACT_RATIO = 4
+
+
+def start_redis(var_dir: Path, wait_s: float = REDIS_START_S) -> str:
+    """Start (or reuse) the embedded Redis on a free loopback port; return a REDIS_URL once it
+    answers (having read all its data)."""
     redis_dir = (var_dir / "redis").resolve()
     redis_dir.mkdir(parents=True, exist_ok=True)
     port = redis_port(var_dir)
@@ -214,15 +227,81 @@ def start_redis(var_dir: Path) -> str:
             "--maxmemory-policy",
             "noeviction",
         ]
+        # A stale pid file would make a server that died at start look alive, or the reverse.
+        (redis_dir / "redis.pid").unlink(missing_ok=True)
         subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
         (redis_dir / "port").write_text(str(port))
-        deadline = time.monotonic() + 10
-        while not _redis_ping(port):
-            if time.monotonic() > deadline:
-                log = (redis_dir / "redis.log").read_text()[-2000:]
-                raise EmbeddedError(f"embedded Redis did not start; its log ends with:\n{log}")
-            time.sleep(0.05)
+    _wait_for_redis(redis_dir, port, wait_s)
+    _compact_aof(redis_dir, port)
     return f"redis://127.0.0.1:{port}/0"
+
+
+def _wait_for_redis(redis_dir: Path, port: int, wait_s: float) -> None:
+    """Until Redis answers PING. It must answer at all within `wait_s`; each LOADING answer
+    (it is replaying its file) starts that wait again. A server that exited is an error at
+    once, with the end of its log."""
+    deadline = time.monotonic() + wait_s
+    told = False
+    while True:
+        reply = _redis_reply(port)
+        if reply.startswith(b"+PONG"):
+            return
+        if reply.startswith(b"-LOADING"):
+            deadline = time.monotonic() + wait_s
+            if not told:
+                told = True
+                aof = redis_dir / "appendonly.aof"
+                size = f" ({aof.stat().st_size / 1e6:,.0f} MB)" if aof.exists() else ""
+                print(
+                    f"embedded Redis is reading its append-only file{size}; waiting for it",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        alive = _redis_alive(redis_dir)
+        if not alive or time.monotonic() > deadline:
+            try:
+                log = (redis_dir / "redis.log").read_text()[-2000:]
+            except OSError:
+                log = "(no log)"
+            how = "stopped" if not alive else f"did not answer within {wait_s:g} s"
+            raise EmbeddedError(
+                f"embedded Redis {how} at start; its log ({redis_dir / 'redis.log'}) ends "
+                f"with:\n{log}"
+            )
+        time.sleep(0.05)
+
+
+def _redis_alive(redis_dir: Path) -> bool:
+    """False once the server wrote its pid file (it does before reading its data) and that
+    process is gone; True while it runs or has not written the file yet."""
+    try:
+        pid = int((redis_dir / "redis.pid").read_text().strip())
+    except (OSError, ValueError):
+        return True
+    return _pid_alive(pid)
+
+
+def _compact_aof(redis_dir: Path, port: int) -> None:
+    """Rewrite an append-only file that has grown far past the data it holds (see
+    AOF_COMPACT_RATIO); Redis does it in the background, serving meanwhile."""
+    import redis
+
+    aof = redis_dir / "appendonly.aof"
+    try:
+        size = aof.stat().st_size
+    except OSError:
+        return
+    if size < AOF_COMPACT_MIN_BYTES:
+        return
+    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=5)
+    try:
+        used = int(client.info("memory")["used_memory"])
+        if size > AOF_COMPACT_RATIO * used:
+            client.bgrewriteaof()
+    except redis.RedisError:
+        pass  # a rewrite already under way, or a busy server: the next start tries again
+    finally:
+        client.close()
 
 
 def stop_redis(var_dir: Path) -> None:

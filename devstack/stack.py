@@ -72,8 +72,15 @@ def _prepare_env(var_dir: Path, extra: dict[str, str]) -> Stack:
     env.setdefault("PYTHONUNBUFFERED", "1")
     unset = [name for name in ("DATABASE_URL", "REDIS_URL") if not env.get(name)]
     already = embedded.running(var_dir)
-    embedded.ensure(var_dir, env)
-    return Stack(env, unset, [name for name in unset if name not in already])
+    started = [name for name in unset if name not in already]
+    try:
+        embedded.ensure(var_dir, env)
+    except BaseException:
+        # PostgreSQL up and Redis refusing to start (or Ctrl-C meanwhile): stop what this
+        # command started, so nothing is left running behind the error.
+        embedded.stop(var_dir, started)
+        raise
+    return Stack(env, unset, started)
 
 
 def _manage(env: dict[str, str], *args: str, quiet: bool = False) -> None:
@@ -328,6 +335,15 @@ def run(port: int) -> int:
     }
     extra = {k: v for k, v in demo_env.items() if k not in os.environ}
     stack = _prepare_env(var_dir, extra)
+    try:
+        return _run_stack(stack, var_dir, port)
+    finally:
+        # Also when setting up failed (a migration, Ctrl-C meanwhile): nothing this command
+        # started is left running.
+        embedded.stop(var_dir, stack.started)
+
+
+def _run_stack(stack: Stack, var_dir: Path, port: int) -> int:
     env = stack.env
     if stack.embedded:
         _say(f"embedded {' and '.join(stack.embedded)} with data under {var_dir}")
@@ -350,18 +366,18 @@ def run(port: int) -> int:
 
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
-    for child in children:
-        _start_child(child, env)
-
-    url = f"http://localhost:{port}/"
-    if _wait_http(f"http://127.0.0.1:{port}/healthz", 60):
-        _say(f"Routewatch is up: {url}  (admin: {url}admin/)  Ctrl-C stops everything.")
-    else:
-        _say("the web server did not answer within 60 s; see its output above")
-    exit_code = supervise(children, env, stopping)
-    _say("stopping")
-    _stop_children(children)
-    embedded.stop(var_dir, stack.started)
+    try:
+        for child in children:
+            _start_child(child, env)
+        url = f"http://localhost:{port}/"
+        if _wait_http(f"http://127.0.0.1:{port}/healthz", 60):
+            _say(f"Routewatch is up: {url}  (admin: {url}admin/)  Ctrl-C stops everything.")
+        else:
+            _say("the web server did not answer within 60 s; see its output above")
+        exit_code = supervise(children, env, stopping)
+    finally:
+        _say("stopping")
+        _stop_children(children)
     _say("stopped; data kept under ./var (a second `make run` picks it up)")
     return exit_code
 
@@ -402,13 +418,24 @@ def main(argv: list[str] | None = None) -> int:
     rest: list[str] = list(getattr(ns, "args", []))
     if rest[:1] == ["--"]:
         rest = rest[1:]
-    if ns.command == "run":
-        return run(ns.port)
-    if ns.command == "test":
-        return test(rest)
-    if not rest:
+    if ns.command == "exec" and not rest:
         parser.error("exec needs a command")
-    return exec_(rest)
+    try:
+        if ns.command == "run":
+            return run(ns.port)
+        if ns.command == "test":
+            return test(rest)
+        return exec_(rest)
+    except embedded.EmbeddedError as exc:
+        _say(str(exc))
+        return 1
+    except subprocess.CalledProcessError as exc:
+        # "python manage.py migrate": the program, its script and the command, no more.
+        command = " ".join(
+            Path(str(a)).name if i < 2 else str(a) for i, a in enumerate(exc.cmd[:3])
+        )
+        _say(f"`{command}` failed (exit status {exc.returncode}); see its output above")
+        return 1
 
 
 if __name__ == "__main__":

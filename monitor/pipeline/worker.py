@@ -334,11 +334,21 @@ def run_streaming(
 ) -> T:
     """`run_on_loop`, handing the payloads the coroutine puts in `ended` to `emit` every
     `every_s` seconds (in this thread: the loop never waits for the broker), the rest at the
-    end. Whatever ends the wait early cancels the coroutine, as run_on_loop does."""
+    end. Whatever ends the wait early (the batch's bound, the task's time limit) cancels the
+    coroutine, as run_on_loop does, after handing on what had ended: nothing measured is
+    dropped with the rest."""
     future = asyncio.run_coroutine_threadsafe(coro, _background_loop())
     deadline = time.monotonic() + timeout_s
     chunk: list[ResultPayload] = []
     flush_at = time.monotonic() + every_s
+
+    def rest() -> list[ResultPayload]:
+        while True:
+            try:
+                chunk.append(ended.get_nowait())
+            except queue.Empty:
+                return chunk
+
     try:
         while not future.done():
             now = time.monotonic()
@@ -354,13 +364,10 @@ def run_streaming(
         result = future.result()
     except BaseException:
         future.cancel()
+        if rest():
+            emit(chunk)
         raise
-    while True:
-        try:
-            chunk.append(ended.get_nowait())
-        except queue.Empty:
-            break
-    if chunk:
+    if rest():
         emit(chunk)
     return result
 

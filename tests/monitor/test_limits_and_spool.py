@@ -78,6 +78,26 @@ def test_a_probe_past_its_bound_is_cancelled_not_orphaned() -> None:
     assert worker.run_on_loop(asyncio.sleep(0, result=42), 5) == 42
 
 
+def test_a_batch_cut_at_its_bound_still_hands_on_the_probes_that_had_ended() -> None:
+    """Results stream out every few seconds; a batch cancelled between two flushes (its bound,
+    the task's time limit) emits the results that ended since the last one before it gives up:
+    only the probes still running are lost (their slots recorded missed), never measured ones."""
+    import queue
+
+    ended: queue.Queue[Any] = queue.Queue()
+    emitted: list[list[Any]] = []
+
+    async def two_end_then_one_hangs() -> None:
+        ended.put({"probe": "a"})
+        await asyncio.sleep(0.05)
+        ended.put({"probe": "b"})
+        await asyncio.sleep(3600)
+
+    with pytest.raises(TimeoutError):
+        worker.run_streaming(two_end_then_one_hangs(), 0.5, ended, emitted.append, every_s=60)
+    assert emitted == [[{"probe": "a"}, {"probe": "b"}]]
+
+
 @pytest.fixture
 def spool_dir(tmp_path: Path, settings) -> Path:
     settings.SPOOL_DIR = tmp_path / "spool"
