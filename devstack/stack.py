@@ -167,7 +167,11 @@ def _stop_children(children: Sequence[Child], wait_s: float = STOP_WAIT_S) -> No
             try:
                 child.proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                _say(f"{child.name} did not stop within {wait_s:.0f} s; killing it")
+                _say(
+                    f"{child.name} did not stop within {wait_s:.0f} s (a probe with a longer "
+                    "deadline, most likely); killing it: what it had not finished is recorded "
+                    "missed"
+                )
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(child.proc.pid, signal.SIGKILL)
             child.proc.wait()
