@@ -13,7 +13,10 @@ def main() -> None:
     if not os.environ.get("DATABASE_URL") or not os.environ.get("REDIS_URL"):
         from devstack import embedded
 
-        embedded.ensure()
+        try:
+            embedded.ensure()
+        except embedded.EmbeddedError as exc:
+            sys.exit(f"manage.py: {exc}")
     from django.core.management import execute_from_command_line
 
     execute_from_command_line(sys.argv)
