@@ -11,6 +11,7 @@ process (`manage.py shell` from another terminal, a Celery worker) finds the sam
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -248,15 +249,17 @@ def _wait_for_redis(redis_dir: Path, port: int, wait_s: float) -> None:
             return
         if reply.startswith(b"-LOADING"):
             deadline = time.monotonic() + wait_s
-            if not told:
-                told = True
-                aof = redis_dir / "appendonly.aof"
-                size = f" ({aof.stat().st_size / 1e6:,.0f} MB)" if aof.exists() else ""
-                print(
-                    f"embedded Redis is reading its append-only file{size}; waiting for it",
-                    file=sys.stderr,
-                    flush=True,
-                )
+            aof = redis_dir / "appendonly.aof"
+            with contextlib.suppress(OSError):
+                # Said of a file that takes a while (a second or more); a small one, silently.
+                if not told and aof.stat().st_size >= AOF_COMPACT_MIN_BYTES:
+                    print(
+                        "embedded Redis is reading its append-only file "
+                        f"({aof.stat().st_size / 1e6:,.0f} MB); waiting for it",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+            told = True
         alive = _redis_alive(redis_dir)
         if not alive or time.monotonic() > deadline:
             try:

@@ -1144,6 +1144,8 @@ class OverviewSnapshot(models.Model):
     key = models.CharField(max_length=50, primary_key=True)
     built_at = models.DateTimeField()
     data = models.JSONField()
+    # How long its build took: beat's next rebuild waits for as long (monitor.pages.overview).
+    build_s = models.FloatField(default=0.0)
 
     def __str__(self) -> str:
         return f"{self.key} @ {self.built_at}"

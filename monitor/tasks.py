@@ -203,8 +203,11 @@ def ingest_results(self: Task[Any, Any], results: dict[str, Any]) -> int:
 
 
 @shared_task(name="monitor.tasks.refresh_overview")
-def refresh_overview() -> int:
-    """Rebuild the overview snapshot, so readers get it ready-made."""
+def refresh_overview() -> int | None:
+    """Rebuild the overview snapshot, so readers get it ready-made: its number of rows, or
+    None when the last build was too recent for its cost (overview.rebuild_due)."""
+    if not overview.rebuild_due():
+        return None
     return len(overview.refresh(keep_settled=True).rows)
 
 

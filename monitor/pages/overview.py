@@ -8,6 +8,7 @@ one small query (see SNAPSHOT_KEY).
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -317,13 +318,37 @@ def refresh(now: datetime | None = None, *, keep_settled: bool = False) -> Overv
     `keep_settled`: for beat's rebuild every few seconds over the same sliding window, read the
     window's settled hours once an hour, not every time (rollups.stats_over)."""
     now = now or timezone.now()
+    started = time.perf_counter()
     overview, decisions = _build(now, WINDOW, keep_settled=keep_settled)
     winners.record(decisions, now)
     overview.rows_html = render_to_string("front/_overview_rows.html", {"rows": overview.rows})
     OverviewSnapshot.objects.update_or_create(
-        key=SNAPSHOT_KEY, defaults={"built_at": now, "data": overview.to_json()}
+        key=SNAPSHOT_KEY,
+        defaults={
+            "built_at": now,
+            "data": overview.to_json(),
+            "build_s": time.perf_counter() - started,
+        },
     )
     return overview
+
+
+def rebuild_due(now: datetime | None = None) -> bool:
+    """Whether beat's rebuild should run now. Beat asks every half refresh interval; a build
+    that takes longer than that (10.8 s at 10x the bench's load) would take the whole worker,
+    and the ticks queued behind it expire: their slots are never created. So the next build
+    starts no sooner than twice the last build's time after that one began (the rebuild takes
+    at most half of its worker, a tick waits behind at most one build), and never later than
+    readers still take the snapshot (LATE_REFRESHES - 1 intervals)."""
+    now = now or timezone.now()
+    last = (
+        OverviewSnapshot.objects.filter(key=SNAPSHOT_KEY).values_list("built_at", "build_s").first()
+    )
+    if last is None:
+        return True
+    age_s = (now - last[0]).total_seconds()
+    latest_s = max_age().total_seconds() * (LATE_REFRESHES - 1)
+    return age_s >= min(2 * last[1], latest_s)
 
 
 def current(now: datetime | None = None) -> Overview:

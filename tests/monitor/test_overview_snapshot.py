@@ -123,6 +123,30 @@ def test_beat_rebuilds_the_snapshot_twice_per_refresh_interval(world) -> None:
     assert OverviewSnapshot.objects.get().built_at > timezone.now() - timedelta(seconds=5)
 
 
+def test_beat_paces_a_slow_rebuild_so_it_never_takes_the_whole_worker(world) -> None:
+    """A rebuild that takes D seconds is not started again within 2D of its start (ticks in
+    the same worker are not starved), a cheap one every time beat asks, and none is put off
+    past what readers take (LATE_REFRESHES - 1 refresh intervals)."""
+    assert refresh_overview.apply().get() == 1
+    assert OverviewSnapshot.objects.get().build_s > 0
+    now = timezone.now()
+    cheap = now - timedelta(seconds=1)
+    OverviewSnapshot.objects.update(built_at=cheap, build_s=0.2)
+    assert refresh_overview.apply().get() == 1  # 1 s after a 0.2 s build: due
+    began = now - timedelta(seconds=6)
+    OverviewSnapshot.objects.update(built_at=began, build_s=5.0)
+    assert refresh_overview.apply().get() is None  # 6 s after a 5 s build: not yet
+    assert OverviewSnapshot.objects.get().built_at == began  # untouched
+    OverviewSnapshot.objects.update(built_at=now - timedelta(seconds=11))
+    assert refresh_overview.apply().get() == 1  # 11 s after: due
+    latest_s = settings.DASHBOARD_REFRESH_SECONDS * (overview.LATE_REFRESHES - 1)
+    OverviewSnapshot.objects.update(
+        built_at=timezone.now() - timedelta(seconds=latest_s + 1), build_s=latest_s
+    )
+    assert refresh_overview.apply().get() == 1  # however slow, never older than readers take
+    assert OverviewSnapshot.objects.get().built_at > timezone.now() - timedelta(seconds=5)
+
+
 def test_the_page_says_when_its_figures_were_computed(
     client: Client, teammate: User, world
 ) -> None:
