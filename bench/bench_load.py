@@ -65,7 +65,9 @@ SIM_CONFIG = ROOT / "simulator" / "configs" / "test.toml"
 SIM_PROVIDER = "fastchip"
 SIM_KEY = "sk-test-fastchip-0123456789"
 SIM_MODELS = ["fast-small", "mid-think", "slow-large"]
-SUCCEEDED = re.compile(r"Task (monitor\.tasks\.\w+)\[[^\]]+\] succeeded in ([0-9.]+)s")
+SUCCEEDED = re.compile(
+    r"Task (monitor\.tasks\.\w+)\[[^\]]+\] succeeded in ([0-9.]+)s: (.*)$", re.MULTILINE
+)
 SERVER_ONLY_SECRETS = ("SECRET_KEY", "FIELD_ENCRYPTION_KEYS", "DATABASE_URL", "EMAIL_HOST_PASSWORD")
 
 
@@ -679,10 +681,14 @@ def run(ns: argparse.Namespace) -> int:
                 kept[0].extend(ttfts)
                 kept[1].extend(e2es)
         durations: dict[str, list[float]] = {}
+        skipped: dict[str, int] = {}  # runs that did nothing (the overview, not yet due)
         for p in procs:
             if p.component in ("ingest workers", "scheduler worker"):
                 for m in SUCCEEDED.finditer(p.log.read_text(errors="replace")):
-                    durations.setdefault(m.group(1), []).append(float(m.group(2)))
+                    if m.group(3).strip() == "None":
+                        skipped[m.group(1)] = skipped.get(m.group(1), 0) + 1
+                    else:
+                        durations.setdefault(m.group(1), []).append(float(m.group(2)))
     finally:
         pages.stop.set()
         for p in reversed(procs):
@@ -722,7 +728,9 @@ def run(ns: argparse.Namespace) -> int:
         d = durations.get(task_name, [])
         print(
             f"  {task_name.split('.')[-1]:16} duration p50 {_p(d, 0.5) * 1000:7.0f} ms, "
-            f"p99 {_p(d, 0.99) * 1000:7.0f} ms ({len(d)} runs)"
+            f"p99 {_p(d, 0.99) * 1000:7.0f} ms ({len(d)} runs"
+            + (f"; {skipped[task_name]} skipped, not due" if task_name in skipped else "")
+            + ")"
         )
     print(f"  rows written: {written / wall:,.1f} /s (due: {combos / ns.interval:,.1f} /s)")
     print(f"  {'component':18} {'CPU (cores)':>11} {'RSS (MiB)':>10}")

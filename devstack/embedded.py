@@ -11,7 +11,6 @@ process (`manage.py shell` from another terminal, a Celery worker) finds the sam
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -249,16 +248,15 @@ def _wait_for_redis(redis_dir: Path, port: int, wait_s: float) -> None:
             return
         if reply.startswith(b"-LOADING"):
             deadline = time.monotonic() + wait_s
-            aof = redis_dir / "appendonly.aof"
-            with contextlib.suppress(OSError):
-                # Said of a file that takes a while (a second or more); a small one, silently.
-                if not told and aof.stat().st_size >= AOF_COMPACT_MIN_BYTES:
-                    print(
-                        "embedded Redis is reading its append-only file "
-                        f"({aof.stat().st_size / 1e6:,.0f} MB); waiting for it",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+            size = _aof_size(redis_dir)
+            # Said of a file that takes a while (a second or more); a small one, silently.
+            if not told and size >= AOF_COMPACT_MIN_BYTES:
+                print(
+                    f"embedded Redis is reading its append-only file ({size / 1e6:,.0f} MB); "
+                    "waiting for it",
+                    file=sys.stderr,
+                    flush=True,
+                )
             told = True
         alive = _redis_alive(redis_dir)
         if not alive or time.monotonic() > deadline:
@@ -284,16 +282,19 @@ def _redis_alive(redis_dir: Path) -> bool:
     return _pid_alive(pid)
 
 
+def _aof_size(redis_dir: Path) -> int:
+    try:
+        return (redis_dir / "appendonly.aof").stat().st_size
+    except OSError:
+        return 0
+
+
 def _compact_aof(redis_dir: Path, port: int) -> None:
     """Rewrite an append-only file that has grown far past the data it holds (see
     AOF_COMPACT_RATIO); Redis does it in the background, serving meanwhile."""
     import redis
 
-    aof = redis_dir / "appendonly.aof"
-    try:
-        size = aof.stat().st_size
-    except OSError:
-        return
+    size = _aof_size(redis_dir)
     if size < AOF_COMPACT_MIN_BYTES:
         return
     client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=5)

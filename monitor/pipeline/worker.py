@@ -342,12 +342,14 @@ def run_streaming(
     chunk: list[ResultPayload] = []
     flush_at = time.monotonic() + every_s
 
-    def rest() -> list[ResultPayload]:
+    def hand_on_the_rest() -> None:
         while True:
             try:
                 chunk.append(ended.get_nowait())
             except queue.Empty:
-                return chunk
+                break
+        if chunk:
+            emit(chunk)
 
     try:
         while not future.done():
@@ -364,11 +366,9 @@ def run_streaming(
         result = future.result()
     except BaseException:
         future.cancel()
-        if rest():
-            emit(chunk)
+        hand_on_the_rest()
         raise
-    if rest():
-        emit(chunk)
+    hand_on_the_rest()
     return result
 
 
