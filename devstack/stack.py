@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from devstack import embedded
+from monitor import limits
 
 ROOT = embedded.ROOT
 PY = sys.executable
@@ -242,8 +243,9 @@ def region_workers(
                     f"probes.{slug}",
                     "--hostname",
                     f"{slug}@%h",
-                    "--concurrency",
-                    "2",
+                    # Threads, not processes: a slow probe holds no message slot another
+                    # needs (monitor.limits.region_worker_args).
+                    *limits.region_worker_args(),
                 ],
                 env={
                     # A region worker needs the broker and its region's keys only: no

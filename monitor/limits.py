@@ -9,6 +9,8 @@ monitor/settings.py reads it before Django is set up.
 
 from __future__ import annotations
 
+import os
+
 # The longest probe deadline a task may set (Task.probe_timeout_s).
 PROBE_TIMEOUT_MAX_S = 900
 # A region batch spreads its starts over at most this (monitor.pipeline.worker).
@@ -33,6 +35,28 @@ INGEST_RETRY_BACKOFF_MAX_S = 120
 # missed at their deadlines by the sweep (a killed child process is different: Celery rejects
 # its message at once, reject_on_worker_lost, and the batch runs again if still in time).
 VISIBILITY_TIMEOUT_S = max(REGION_TASK_HARD_LIMIT_S, INGEST_RETRY_BACKOFF_MAX_S) + 60
+
+
+# A region worker runs Celery's `threads` pool: a batch, race or scenario holds a thread (not a
+# process) while its probes run on the process's one probe loop, so a slow probe never keeps
+# another message waiting. This many messages at once per worker process (RW_REGION_CONCURRENCY
+# overrides it): enough for every batch of the longest probe deadline at one tick a few
+# seconds, plus scenarios and races; the probes themselves are bounded by RW_PROBES_IN_FLIGHT.
+REGION_CONCURRENCY = 500
+
+
+def region_worker_args(concurrency: int | None = None) -> list[str]:
+    """The `celery worker` arguments of a region worker's execution pool (the dev stack, the
+    compose files, the tests and the benchmarks all start region workers with these)."""
+    chosen = concurrency or int(os.environ.get("RW_REGION_CONCURRENCY") or REGION_CONCURRENCY)
+    return [
+        "--pool",
+        "threads",
+        "--concurrency",
+        str(chosen),
+        "--prefetch-multiplier",
+        "1",
+    ]
 
 
 def region_task_limits() -> dict[str, int]:

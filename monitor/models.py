@@ -953,6 +953,11 @@ class ProbeResult(models.Model):
     # The schedule slot this probe fills (null for ad-hoc probes); one result per slot.
     slot_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(default=timezone.now)
+    # Planned start to actual start (ms), measured by the region worker: the tick planned the
+    # start, the worker's queue and its probe loop delayed it. Null for rows written before it
+    # was measured and for ad-hoc probes. A `missed` row with a lag is a probe the worker did
+    # not start because it was past settings.START_LAG_MAX_SECONDS (monitor.stats.health).
+    start_lag_ms = models.FloatField(null=True, blank=True)
 
     # options probed
     http2 = models.BooleanField(default=False)
@@ -1136,6 +1141,29 @@ class Heartbeat(models.Model):
                 "last_seen = EXCLUDED.last_seen",
                 [name, n],
             )
+
+
+class RegionMinute(models.Model):
+    """One region's live schedule in one minute of slot time, kept at ingest
+    (monitor.stats.health): probes that ran (ok or error), slots recorded missed (`late`: of
+    them, probes a worker did not start because they were too late), and the histogram of
+    probes' start lags (ms; monitor.stats.hist pairs). Generated demo history is not counted:
+    this is what the Status page and the overview's banner say about monitoring health."""
+
+    region = models.ForeignKey(Region, on_delete=models.CASCADE)
+    minute = models.DateTimeField()
+    probed = models.IntegerField(default=0)
+    missed = models.IntegerField(default=0)
+    late = models.IntegerField(default=0)
+    lag_hist = ArrayField(models.IntegerField(), default=list)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["region", "minute"], name="region_minute_key")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.region_id} {self.minute:%Y-%m-%d %H:%M}"
 
 
 class OverviewSnapshot(models.Model):
@@ -1444,6 +1472,10 @@ class ScenarioResult(models.Model):
     output_tokens = models.PositiveIntegerField(default=0)
     cached_tokens = models.PositiveIntegerField(null=True, blank=True)
     cost_usd = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
+    # Demo history (monitor.demo_history), as ProbeResult.generated (its calls are marked too).
+    # A measured scenario can have no call (one that failed before its first): this flag, not
+    # its calls', tells the history's guard that the database holds measurements.
+    generated = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         constraints = [

@@ -115,6 +115,14 @@ try:
     # A region worker sends its batch's results in chunks this often as probes end (0: all at
     # the batch's end, up to one tick later). Smaller: less ingest lag, more ingest messages.
     RESULT_FLUSH_SECONDS = envint("RW_RESULT_FLUSH_SECONDS", 2, minimum=0, maximum=60)
+    # A region worker process runs at most this many probes at once, across all the batches,
+    # races and scenarios it holds (monitor.pipeline.worker); past it, probes wait and their
+    # start lag grows. The engine carries well over 1,000 streams a process (bench/RESULTS.md).
+    PROBES_IN_FLIGHT_MAX = envint("RW_PROBES_IN_FLIGHT", 2000, minimum=1, maximum=100_000)
+    # A probe that would start more than this after its planned start is not run: its slot is
+    # recorded missed ("started late"), with its lag, so a saturated region shows as missed
+    # slots, never as a sample taken at another time than planned.
+    START_LAG_MAX_SECONDS = envint("RW_START_LAG_MAX_SECONDS", 10, minimum=1, maximum=600)
     # Celery workers (region, ingest, scheduler) lower their CPU priority to this nice value at
     # start (monitor.celery), so a page someone waits on gets a CPU first on a shared machine.
     # Probe timings come from the kernel's receive timestamps, so waiting for a CPU does not

@@ -9,7 +9,10 @@ them): they never change.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -26,7 +29,17 @@ from monitor import limits, partitions
 from monitor.digest import sending
 from monitor.models import Heartbeat
 from monitor.pages import overview
-from monitor.pipeline import ingest, queues, races, scenarios, scheduling, signing, spool, worker
+from monitor.pipeline import (
+    ingest,
+    liveness,
+    queues,
+    races,
+    scenarios,
+    scheduling,
+    signing,
+    spool,
+    worker,
+)
 from monitor.pipeline.messages import (
     INGEST_QUEUE,
     RUN_PROBE_BATCH,
@@ -145,6 +158,39 @@ def _start_stalled_ingest_taker(sender: Any = None, **_: Any) -> None:
         )
 
 
+@worker_ready.connect
+def _start_liveness_beacon(sender: Any = None, **_: Any) -> None:
+    """A region worker says it is alive, and what it carries, every few seconds
+    (monitor.pipeline.liveness): the Status page and the overview's banner read it."""
+    consumer = getattr(sender, "task_consumer", None)
+    names = {q.name for q in getattr(consumer, "queues", ())}
+    region = settings.RW_REGION
+    if not region or f"probes.{region}" not in names:
+        return
+    threads = int(getattr(getattr(sender, "pool", None), "limit", 0) or 0)
+
+    def beat() -> None:
+        load = worker.LOAD
+        liveness.publish(
+            {
+                "region": region,
+                "worker": f"{socket.gethostname()}:{os.getpid()}",
+                "seen_at": time.time(),
+                "in_flight": load.in_flight,
+                "holding": load.holding,
+                "capacity": settings.PROBES_IN_FLIGHT_MAX,
+                "threads": threads,
+                "started": load.started,
+                "late": load.late,
+                "peak": load.peak,
+            }
+        )
+
+    with contextlib.suppress(Exception):  # the first beat at once; the thread retries
+        beat()
+    _every(liveness.BEAT_SECONDS, beat, "liveness-beacon")
+
+
 @shared_task(name=RUN_PROBE_BATCH, **REGION_TASK_OPTIONS)  # "monitor.tasks.run_probe_batch"
 def run_probe_batch(batch: dict[str, Any]) -> int:
     """On a region worker: run a batch of probes, send the results to ingest over the broker
@@ -163,7 +209,8 @@ def run_probe_batch(batch: dict[str, Any]) -> int:
         publish_or_spool("results", sealed, len(results))
 
     # Results leave in chunks as their probes end (worker.run_batch), not all at the end.
-    return len(worker.run_batch(body, emit=send))
+    with worker.holding():
+        return len(worker.run_batch(body, emit=send))
 
 
 # Ingest tasks: a database error is retried with backoff (1 s, 2 s, 4 s, ... capped), and after
@@ -231,7 +278,8 @@ def run_race(message: dict[str, Any]) -> str | None:
         log.error("refused a race message: %s", exc)
         return None
     flush_spool()
-    result = worker.run_race(body)
+    with worker.holding():
+        result = worker.run_race(body)
     if result is None:
         return None
     sealed = signing.seal_results(key_id, signing.KIND_RACE_RESULT, race_result_to_json(result))
@@ -260,7 +308,8 @@ def run_scenario(message: dict[str, Any]) -> str | None:
         log.error("refused a scenario message: %s", exc)
         return None
     flush_spool()
-    result = scenarios.run(body)
+    with worker.holding():
+        result = scenarios.run(body)
     if result is None:
         return None
     sealed = signing.seal_results(

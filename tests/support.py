@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from monitor import limits
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -54,6 +56,15 @@ def stop(proc: subprocess.Popen[bytes], timeout_s: float = 15) -> None:
 
 def celery(*args: str) -> list[str]:
     return [sys.executable, "-m", "celery", "-A", "monitor", *args]
+
+
+def region_worker(slug: str, name: str, concurrency: int = 50) -> list[str]:
+    """A region worker as deployed: its region's queue, Celery's threads pool
+    (monitor.limits.region_worker_args; fewer threads than the product's default)."""
+    return celery(
+        "worker", "-Q", f"probes.{slug}", "-n", name, "-l", "INFO",
+        *limits.region_worker_args(concurrency),
+    )  # fmt: skip
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float, interval_s: float = 0.2) -> bool:

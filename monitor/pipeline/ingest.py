@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from functools import cache, partial
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.db import (
@@ -71,7 +71,7 @@ from monitor.pipeline.messages import (
     result_key,
     result_payload_from_json,
 )
-from monitor.stats import rollups
+from monitor.stats import health, rollups
 from monitor.stats.rollups import ResultRow
 from probes.errors import Kind
 
@@ -103,6 +103,7 @@ _TEXT_LIMITS = {"text": TEXT_LIMIT, "error_detail": DETAIL_LIMIT}
 _KEY = [COLUMNS.index(c) for c in ("task_id", "route_id", "region_id", "slot_at")]
 _OUTCOME = COLUMNS.index("outcome")
 _STARTED, _GENERATED = COLUMNS.index("started_at"), COLUMNS.index("generated")
+_LAG = COLUMNS.index("start_lag_ms")
 
 # What the rollups need from each inserted row (RETURNING these columns; app e2e is a
 # scenario's, not a column).
@@ -358,6 +359,7 @@ def insert_rows(rows: Sequence[tuple[Any, ...]]) -> list[ResultRow]:
                 replaced = [ResultRow(*r) for r in cursor.fetchall()]
                 if replaced:
                     rollups.retract(replaced)
+                    health.count(replaced, sign=-1)
             cursor.execute(
                 _INSERT_NEW.format(
                     table=ProbeResult._meta.db_table, columns=columns, rolled=rolled
@@ -574,10 +576,11 @@ def ingest(
     if from_region is not None:
         payloads, refused_here = admit(payloads, from_region, sealed_at or now)
         rejected += refused_here
-        for p in payloads:
-            # Demo history is made in this process only (monitor.demo_history): what a worker
-            # sends is a measurement, and cannot hide itself behind the pages' generated filter.
-            p["generated"] = False
+        # Demo history is made in this process only (monitor.demo_history): what a worker
+        # sends is a measurement, and cannot hide itself behind the pages' generated filter.
+        # Set on copies: the payloads belong to the signed message, which a retry (the
+        # database failed after this) verifies again, and a parked copy must still verify.
+        payloads = [cast(ResultPayload, {**p, "generated": False}) for p in payloads]
     prices = {
         r.pk: r
         for r in Route.objects.filter(pk__in={p["route_id"] for p in payloads}).select_related(
@@ -607,9 +610,21 @@ def ingest(
         generated = [r[_STARTED] for r in rows if r[_GENERATED]]
         if generated:  # demo history (monitor.demo_history): the pages' one-row record of it
             GeneratedSpan.widen(min(generated), max(generated))
-        # Open slots, and missed ones whose late result replaced the missed row.
-        _set_slot_status(inserted, SLOT_DONE, only_open=False)
+        # Open slots, and missed ones whose late result replaced the missed row; a probe the
+        # worker did not start (too late) leaves its slot missed.
+        _set_slot_status(
+            [r for r in inserted if r.outcome != OUTCOME_MISSED], SLOT_DONE, only_open=False
+        )
+        _set_slot_status(
+            [r for r in inserted if r.outcome == OUTCOME_MISSED], SLOT_MISSED, only_open=False
+        )
         rollups.apply(inserted)
+        # The schedule's health counts live slots only, never generated history.
+        live = {tuple(row[i] for i in _KEY): row[_LAG] for row in rows if not row[_GENERATED]}
+        health.count(
+            [r for r in inserted if (r.task_id, r.route_id, r.region_id, r.slot_at) in live],
+            live,
+        )
         count_rejected(rejected + refused)
         if inserted and genai_otlp.enabled():
             # Only what was stored, once stored (a rolled-back batch is redelivered).
@@ -636,6 +651,7 @@ def take_back_missed(key: SlotKey) -> int:
         replaced = [ResultRow(*r) for r in cursor.fetchall()]
     if replaced:
         rollups.retract(replaced)
+        health.count(replaced, sign=-1)
     return len(replaced)
 
 
@@ -662,6 +678,7 @@ def record_missed(keys: Sequence[SlotKey], now: datetime, detail: str) -> int:
     inserted = insert_rows(rows)
     _set_slot_status(inserted, SLOT_MISSED, only_open=False)
     rollups.apply(inserted)
+    health.count(inserted)
     return len(inserted)
 
 
@@ -700,6 +717,7 @@ def delete_old_results(days: int, batch: int = 20_000, slot_days: int | None = N
     kept_days = min(days, slot_days if slot_days is not None else settings.SLOT_RETENTION_DAYS)
     slots = _delete_closed_slots(now - timedelta(days=kept_days), batch)
     RaceRun.objects.filter(slot_at__lt=cutoff).exclude(status=SLOT_DISPATCHED).delete()
+    health.drop_before(now - timedelta(days=min(days, health.KEPT_DAYS)))
     return done.deleted + slots + _delete_old_scenarios(cutoff, batch)
 
 

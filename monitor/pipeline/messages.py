@@ -16,12 +16,23 @@ No Django here: the contract is importable by anything that speaks it.
 
 from __future__ import annotations
 
+import math
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
-from typing import Any, TypedDict, Union, cast, get_args, get_origin, get_type_hints, is_typeddict
+from typing import (
+    Any,
+    NotRequired,
+    TypedDict,
+    Union,
+    cast,
+    get_args,
+    get_origin,
+    get_type_hints,
+    is_typeddict,
+)
 
 # Celery task names (stable: messages already queued and beat's schedule name them).
 RUN_PROBE_BATCH = "monitor.tasks.run_probe_batch"
@@ -97,6 +108,11 @@ class ProbeMessage(TypedDict):
 class ProbeBatch(TypedDict):
     region: str  # slug
     probes: list[ProbeMessage]
+    # When the tick planned the batch (Unix time, the scheduler's clock) and the spread of its
+    # starts: probe i of n is planned at planned_at + i * window_s / n, and the worker measures
+    # each probe's start lag against that (a batch without them is planned on arrival).
+    planned_at: NotRequired[float]
+    window_s: NotRequired[float]
 
 
 class RaceKey(TypedDict):
@@ -183,6 +199,8 @@ class ResultPayload(_ResultKeys, total=False):
     ratelimit_remaining_tokens: int | None
     retry_after_s: float | None
     text: str
+    # planned start to actual start (ms; monitor.models.ProbeResult.start_lag_ms)
+    start_lag_ms: float | None
     # Demo history (monitor.demo_history); ingest clears it on results from region workers.
     generated: bool
 
@@ -280,7 +298,11 @@ _LANE_DEFAULTS: dict[str, Any] = {
 
 
 def probe_batch_to_json(batch: ProbeBatch) -> JsonObject:
-    return {"region": batch["region"], "probes": [dict(p) for p in batch["probes"]]}
+    out: JsonObject = {"region": batch["region"], "probes": [dict(p) for p in batch["probes"]]}
+    for key in ("planned_at", "window_s"):
+        if key in batch:
+            out[key] = batch[key]  # type: ignore[literal-required]
+    return out
 
 
 def race_message_to_json(message: RaceMessage) -> JsonObject:
@@ -340,7 +362,19 @@ def probe_batch_from_json(
             if on_bad_probe is None:
                 raise
             on_bad_probe(exc)
-    return {"region": obj["region"], "probes": good}
+    batch: ProbeBatch = {"region": obj["region"], "probes": good}
+    for key in ("planned_at", "window_s"):
+        value = obj.get(key)
+        if value is None:
+            continue
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not (math.isfinite(value) and value >= 0)
+        ):
+            raise ContractError(f"batch.{key}: expected a finite number >= 0")
+        batch[key] = float(value)  # type: ignore[literal-required]
+    return batch
 
 
 def race_message_from_json(data: object) -> RaceMessage:

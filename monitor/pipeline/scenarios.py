@@ -61,7 +61,7 @@ from monitor.pipeline.messages import (
     scenario_payload_from_json,
 )
 from monitor.pipeline.slots import Slot, expires_at, probe_message
-from monitor.stats import rollups
+from monitor.stats import health, rollups
 from monitor.stats.rollups import ResultRow
 from probes.errors import Kind
 from probes.graders import GraderError
@@ -208,7 +208,12 @@ def run(data: object) -> ScenarioPayload | None:
         total_timeout_s=message["timeout_s"],
         validate=_validator(probe["eval"]),
     )
-    result = worker.run_on_loop(run_scenario(scenario), message["timeout_s"] + 60)
+
+    async def carried() -> probes.scenario.ScenarioResult:
+        async with worker.carrying():  # in flight, one of the worker's load (worker.LOAD)
+            return await run_scenario(scenario)
+
+    result = worker.run_on_loop(carried(), message["timeout_s"] + 60)
     # One pair of clocks for every call: their start times keep their offsets exactly.
     perf_now, wall_now = probes_clock()
     started = wall_now - timedelta(seconds=perf_now - (result.t0_perf or perf_now))
@@ -379,6 +384,8 @@ def ingest_scenario(
             ingest.take_back_missed((slot.task_id, slot.route_id, slot.region_id, slot.slot_at))
         ProbeSlot.objects.filter(pk=slot.pk).update(status=SLOT_DONE)
         rollups.apply([rollup_row(scenario)])
+        if from_region is not None:  # a live slot of the schedule (monitor.stats.health)
+            health.count([rollup_row(scenario)])
     return scenario
 
 

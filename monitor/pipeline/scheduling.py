@@ -13,14 +13,17 @@ sends them, so the scheduler never imports the tasks that import it.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from monitor import limits
 from monitor.models import EvalCase, ProbeSlot, Region, Route, Task
 from monitor.pipeline import ingest, races, scenarios
 from monitor.pipeline.messages import (
@@ -184,6 +187,10 @@ def plan(now: datetime | None = None) -> list[Dispatch]:
         batch: ProbeBatch = {
             "region": region.slug,
             "probes": [probe_message(s, cases[s.task.pk]) for s in slots],
+            # Starts spread over one tick from now: what each probe's start lag is measured
+            # against (monitor.pipeline.worker.planned_starts).
+            "planned_at": time.time(),
+            "window_s": float(min(settings.TICK_SECONDS, limits.BATCH_SPREAD_MAX_S)),
         }
         dispatches.append(
             Dispatch(

@@ -21,7 +21,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
@@ -36,6 +36,7 @@ from monitor.pipeline.messages import (
     ContractError,
     EvalSpec,
     LaneResult,
+    ProbeBatch,
     ProbeMessage,
     RaceResult,
     ResultPayload,
@@ -114,6 +115,57 @@ def _background_loop() -> asyncio.AbstractEventLoop:
             threading.Thread(target=loop.run_forever, name="probe-loop", daemon=True).start()
             _loop = loop
         return _loop
+
+
+@dataclasses.dataclass
+class Load:
+    """What this worker process carries now, and has carried since it started. Written on the
+    probe loop only; read from other threads (the liveness beacon), where a stale int is fine."""
+
+    in_flight: int = 0  # probes (and scenario calls) running now
+    started: int = 0  # probes started
+    late: int = 0  # probes not started: past START_LAG_MAX_SECONDS (recorded missed)
+    peak: int = 0  # the most in flight at once
+    holding: int = 0  # messages held (pool threads busy); changed under _holding_lock
+
+
+LOAD = Load()
+_gate: asyncio.Semaphore | None = None
+_holding_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def holding() -> Iterator[None]:
+    """Count a message (batch, race or scenario) this worker holds while it runs (a pool
+    thread each)."""
+    with _holding_lock:
+        LOAD.holding += 1
+    try:
+        yield
+    finally:
+        with _holding_lock:
+            LOAD.holding -= 1
+
+
+def _probe_gate() -> asyncio.Semaphore:
+    """The process's bound on probes in flight (settings.PROBES_IN_FLIGHT_MAX), shared by
+    every batch the worker holds; made on the probe loop, its only user."""
+    global _gate
+    if _gate is None:
+        _gate = asyncio.Semaphore(settings.PROBES_IN_FLIGHT_MAX)
+    return _gate
+
+
+@contextlib.asynccontextmanager
+async def carrying() -> Any:
+    """Count a probe (or a scenario's call) in flight for as long as it runs."""
+    LOAD.in_flight += 1
+    LOAD.started += 1
+    LOAD.peak = max(LOAD.peak, LOAD.in_flight)
+    try:
+        yield
+    finally:
+        LOAD.in_flight -= 1
 
 
 def run_on_loop(coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
@@ -248,6 +300,28 @@ def grade(result: EngineResult, case: EvalSpec | None) -> bool | None:
         return None  # an unusable eval case grades nothing (the admin form prevents most)
 
 
+def late_payload(message: ProbeMessage, lag_s: float) -> ResultPayload:
+    """The slot of a probe this worker did not start: it was past START_LAG_MAX_SECONDS after
+    its planned start, too late to be comparable. Recorded missed (stamped at its slot, as
+    the sweep's missed rows are), with its lag, so the region's health shows why."""
+    slot = message["slot"]
+    return {
+        "task_id": slot["task_id"],
+        "route_id": slot["route_id"],
+        "region_id": slot["region_id"],
+        "slot_at": slot["slot_at"],
+        "started_at": slot["slot_at"],
+        "outcome": "missed",
+        "error_kind": Kind.MISSED,
+        "error_detail": (
+            f"started late: {lag_s:.1f} s after its planned start (the bound is "
+            f"{settings.START_LAG_MAX_SECONDS} s); the region's worker was saturated or its "
+            "queue backed up"
+        ),
+        "start_lag_ms": round(lag_s * 1000, 3),
+    }
+
+
 def payload(message: ProbeMessage, result: EngineResult, started_at: datetime) -> ResultPayload:
     case = message["eval"]
     slot = message["slot"]
@@ -290,35 +364,60 @@ def error_payload(message: ProbeMessage, kind: str, detail: str) -> ResultPayloa
 # --- running them ----------------------------------------------------------------------------
 
 
-def _bound_s(prepared: list[tuple[ProbeMessage, ProbeSpec]], window_s: float) -> float:
-    """How long a batch may run: its spread, its longest deadline (never above the longest
-    allowed) and some slack, which stays under the task's soft time limit (monitor.limits)."""
+def _bound_s(prepared: list[tuple[ProbeMessage, ProbeSpec]], last_start_s: float) -> float:
+    """How long a batch may run: until its last planned start, its longest deadline (never
+    above the longest allowed) and some slack, which stays under the task's soft time limit
+    (monitor.limits)."""
     longest = max((float(m["timeout_s"]) for m, _ in prepared), default=0.0)
-    return window_s + min(longest, limits.PROBE_TIMEOUT_MAX_S) + limits.AFTER_PROBES_S / 2
+    return (
+        max(0.0, last_start_s)
+        + min(longest, limits.PROBE_TIMEOUT_MAX_S)
+        + settings.START_LAG_MAX_SECONDS
+        + limits.AFTER_PROBES_S / 2
+    )
+
+
+def planned_starts(batch: ProbeBatch, n: int, received_at: float) -> list[float]:
+    """Each probe's planned start (Unix time): spread over the batch's window from when the
+    tick planned it, or from its arrival for a batch that does not say (an older scheduler)."""
+    window_s = float(batch.get("window_s", min(settings.TICK_SECONDS, limits.BATCH_SPREAD_MAX_S)))
+    window_s = min(max(0.0, window_s), float(limits.BATCH_SPREAD_MAX_S))
+    start = float(batch.get("planned_at", received_at))
+    step = window_s / n if n else 0.0
+    return [start + i * step for i in range(n)]
 
 
 async def _probe_all(
     prepared: list[tuple[ProbeMessage, ProbeSpec]],
-    window_s: float,
+    planned: list[float],
     done: Callable[[ResultPayload], None] | None = None,
 ) -> list[ResultPayload]:
-    """Run the probes with starts spread over `window_s`; a payload each (also handed to
-    `done` as each probe ends)."""
+    """Run each probe at its planned start (Unix time), within the process's bound on probes
+    in flight; a payload each (also handed to `done` as each ends). A probe still waiting
+    START_LAG_MAX_SECONDS after its planned start is not run (`late_payload`)."""
+    gate = _probe_gate()
+    too_late_s = float(settings.START_LAG_MAX_SECONDS)
 
-    def ended(i: int, result: EngineResult) -> None:
+    async def one(i: int, message: ProbeMessage, spec: ProbeSpec) -> ResultPayload:
+        delay = planned[i] - time.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        async with gate:
+            lag_s = max(0.0, time.time() - planned[i])
+            if lag_s > too_late_s:
+                LOAD.late += 1
+                out = late_payload(message, lag_s)
+            else:
+                async with carrying():
+                    result = await probes.probe(spec)
+                ago = time.perf_counter() - result.t0_perf if result.t0_perf is not None else 0.0
+                out = payload(message, result, datetime.now(UTC) - timedelta(seconds=ago))
+                out["start_lag_ms"] = round(lag_s * 1000, 3)
         if done is not None:
-            ago = time.perf_counter() - result.t0_perf if result.t0_perf is not None else 0.0
-            done(payload(prepared[i][0], result, datetime.now(UTC) - timedelta(seconds=ago)))
+            done(out)
+        return out
 
-    results = await probes.run_batch(
-        [spec for _, spec in prepared], window_s=window_s, max_in_flight=200, on_result=ended
-    )
-    perf_now, wall_now = time.perf_counter(), datetime.now(UTC)
-    out = []
-    for (message, _), result in zip(prepared, results, strict=True):
-        ago = perf_now - result.t0_perf if result.t0_perf is not None else 0.0
-        out.append(payload(message, result, wall_now - timedelta(seconds=ago)))
-    return out
+    return list(await asyncio.gather(*(one(i, m, spec) for i, (m, spec) in enumerate(prepared))))
 
 
 def _reject_probe(exc: ContractError) -> None:
@@ -380,6 +479,7 @@ def run_batch(
     missed at their deadlines. With `emit`, results are also handed to it as they end, in
     chunks every RESULT_FLUSH_SECONDS (ingest lag is then a second or so, not the batch's
     whole spread of starts: one tick)."""
+    received_at = time.time()
     try:
         batch = probe_batch_from_json(data, on_bad_probe=_reject_probe)
     except ContractError as exc:
@@ -394,18 +494,18 @@ def run_batch(
         except Unusable as exc:
             payloads.append(error_payload(message, Kind.CONFIG, str(exc)))
     if prepared:
-        # Spread the batch's starts over one scheduler tick (no burst of simultaneous sends).
-        window_s = float(min(settings.TICK_SECONDS, limits.BATCH_SPREAD_MAX_S))
-        bound = _bound_s(prepared, window_s)
+        # Starts spread over the tick's window (no burst of simultaneous sends), as planned.
+        planned = planned_starts(batch, len(prepared), received_at)
+        bound = _bound_s(prepared, planned[-1] - time.time())
         if emit is None or settings.RESULT_FLUSH_SECONDS <= 0:
-            payloads.extend(run_on_loop(_probe_all(prepared, window_s), bound))
+            payloads.extend(run_on_loop(_probe_all(prepared, planned), bound))
         else:
             if payloads:
                 emit(list(payloads))
             ended: queue.Queue[ResultPayload] = queue.Queue()
             payloads.extend(
                 run_streaming(
-                    _probe_all(prepared, window_s, ended.put),
+                    _probe_all(prepared, planned, ended.put),
                     bound,
                     ended,
                     emit,

@@ -16,6 +16,7 @@ import yaml
 from django.db import connection
 
 from devstack.embedded import POSTGRES_MAJOR
+from monitor import limits
 from simulator.testing import free_port
 from tests import support
 
@@ -88,6 +89,10 @@ def test_region_workers_get_the_broker_and_their_region_key_only(rendered) -> No
         }
         assert env["RW_WORKER_ONLY"] == "true"
         assert f"probes.{env['RW_REGION']}" in service["command"]
+        # The threads pool: a slow probe holds no slot another message needs.
+        pool = limits.region_worker_args()
+        command = " ".join(service["command"])
+        assert " ".join(pool[:2]) in command and " ".join(pool[-2:]) in command, name
         assert "postgres" not in service.get("depends_on", {})
         assert env["REDIS_URL"].startswith("redis://routewatch:")  # a password, never anonymous
 

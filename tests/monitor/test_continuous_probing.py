@@ -115,9 +115,7 @@ def _start(s: ProcessStack, sim: SimulatorProcess) -> None:
         )
         s.start(
             slug,
-            support.celery(
-                "worker", "-Q", f"probes.{slug}", "-c", "2", "-n", f"{slug}@%h", "-l", "INFO"
-            ),
+            support.region_worker(slug, f"{slug}@%h"),
             {
                 # The broker and this region's key only: no server secrets.
                 **dict.fromkeys(SERVER_ONLY_SECRETS, ""),

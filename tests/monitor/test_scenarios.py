@@ -144,9 +144,7 @@ def ran(tmp_path: Path) -> Iterator[tuple[World, Results]]:
                 tmp_path / "ingest.log",
             ),
             support.start(
-                support.celery(
-                    "worker", "-Q", f"probes.{REGION}", "-c", "4", "-n", "rw@%h", "-l", "INFO"
-                ),
+                support.region_worker(REGION, "rw@%h"),
                 _worker_env(keys),
                 tmp_path / "region.log",
             ),
