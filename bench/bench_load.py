@@ -1,11 +1,18 @@
 """The whole pipeline under load, on this machine, against the simulator (loopback only).
 
     make bench-load                          # 20 tasks x 30 routes x 6 regions, a probe a minute
+    make bench-load ARGS="--mix fast"        # every probe well under a second (the old mix)
     make bench-load ARGS="--scale 3"         # 3x the routes (10,800 combinations)
-    make bench-load ARGS="--ingest-workers 2 --region-concurrency 2 --measure 180"
+    make bench-load ARGS="--ingest-workers 2 --region-concurrency 50 --measure 180"
+
+The route mix (bench/mixes.py): `realistic` by default, probes as long as the real world's (a
+third of the routes reasoning models with 20-75 s to first token and answers of several
+hundred tokens at 30-60 tok/s, one task in twenty a 10-call agent scenario lasting up to
+minutes); `--mix fast` is the old one, every probe well under a second.
 
 Real processes, as deployed: the simulator, celery beat (ticks every TICK_SECONDS), one celery
-worker per region (its own region key only, signed messages), N ingest workers (also running
+worker per region (its own region key only, signed messages, started with
+monitor.limits.region_worker_args() unless --region-concurrency says otherwise), N ingest workers (also running
 the tick, the sweep and the overview rebuild, as the `default` queue), and the pages read
 through Django during the load. A database of its own (routewatch_bench_load), rebuilt each
 run; the bench adds one column to the raw results there (rw_bench_written_at, the insert's
@@ -16,7 +23,13 @@ Before the load it writes a day of history for the same world (`--history-hours`
 indexes and the overview rebuild work at the sizes a running deployment has, not a few
 minutes' worth. After a warm-up the bench measures a window, stops beat, and waits for the
 window's slots to close (result or missed). It reports, each against its target:
-- slots of the window missed (goal 0) and still open;
+- slots of the window missed (goal 0), split by cause: "started late" (a region worker did
+  not start the probe, past its bound after the planned start) and others (no result by the
+  deadline), and still open;
+- start lag p50/p99: planned start to actual start (the results' start_lag_ms, where the
+  region worker records it; target p99 <= 1 s);
+- probes in flight (from the stored results, every 5 s of the window: mean and max), and the
+  region workers' CPU and RSS per 1,000 in flight;
 - ingest lag p50/p99: probe end (started_at + e2e) to the row's insert (target p99 < 5 s);
 - tick duration p50/p99 (celery's own "succeeded in" of monitor.tasks.tick), and ingest
   task duration;
@@ -50,6 +63,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -61,10 +75,6 @@ sys.path.insert(0, str(ROOT))
 
 PY = sys.executable
 BENCH_DB = "routewatch_bench_load"
-SIM_CONFIG = ROOT / "simulator" / "configs" / "test.toml"
-SIM_PROVIDER = "fastchip"
-SIM_KEY = "sk-test-fastchip-0123456789"
-SIM_MODELS = ["fast-small", "mid-think", "slow-large"]
 SUCCEEDED = re.compile(
     r"Task (monitor\.tasks\.\w+)\[[^\]]+\] succeeded in ([0-9.]+)s: (.*)$", re.MULTILINE
 )
@@ -121,72 +131,25 @@ class Proc:
             self.out.close()
 
 
-def _recreate(admin_url: str) -> str:
+def _recreate(admin_url: str, name: str = BENCH_DB) -> str:
     import psycopg
 
     parts = urlsplit(admin_url)
     with psycopg.connect(urlunsplit(parts._replace(path="/postgres")), autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {BENCH_DB}")
-    return urlunsplit(parts._replace(path=f"/{BENCH_DB}"))
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {name}")
+    return urlunsplit(parts._replace(path=f"/{name}"))
 
 
-def build_world(sim_url: str, tasks: int, routes: int, regions: int, interval_s: int) -> list[str]:
-    """Regions, simulated routes and tasks (every task probes every route from every region);
-    returns the region slugs."""
-    from django.db import connection
+def region_pool_args(concurrency: int | None) -> list[str]:
+    """A region worker's execution pool: the product's (monitor.limits.region_worker_args),
+    at `concurrency` when given; before that function existed, prefork at `concurrency` (2)."""
+    from monitor import limits
 
-    from monitor import presets
-    from monitor.models import Provider, Region, Route, Task
-
-    slugs = [f"r{i}" for i in range(regions)]
-    region_rows = [Region.objects.create(name=s.upper(), slug=s) for s in slugs]
-    route_rows = []
-    for p in range((routes + len(SIM_MODELS) - 1) // len(SIM_MODELS)):
-        provider = Provider.objects.create(
-            name=f"Sim {p}",
-            slug=f"sim{p}",
-            base_url=f"{sim_url}/{SIM_PROVIDER}/v1",
-            is_simulated=True,
-        )
-        provider.set_api_key(SIM_KEY)
-        provider.save(update_fields=["api_key_encrypted"])
-        for model in SIM_MODELS:
-            if len(route_rows) < routes:
-                route_rows.append(
-                    Route.objects.create(
-                        provider=provider,
-                        model_id=model,
-                        display_name=f"sim{p} / {model}",
-                        **presets.ROUTE_PRESETS["chat"]["settings"],
-                    )
-                )
-    for t in range(tasks):
-        task = Task.objects.create(
-            name=f"Load {t}",
-            slug=f"load-{t}",
-            user_template="Say hello in a few words.",
-            input_tokens=50,
-            max_tokens=60,
-            min_pass_rate=0.0,
-            ttft_p95_budget_ms=2000,
-            e2e_p95_budget_ms=8000,
-            probe_interval_s=interval_s,
-            probe_timeout_s=20,
-            http_versions=["1.1"],
-            connection_modes=["warm"],
-            body_encodings=["json"],
-            prefix_modes=["stable"],
-        )
-        task.routes.set(route_rows)
-        task.regions.set(region_rows)
-    with connection.cursor() as cursor:
-        # Bench only: when each row was inserted (ingest lag).
-        cursor.execute(
-            "ALTER TABLE monitor_proberesult ADD COLUMN rw_bench_written_at timestamptz "
-            "DEFAULT clock_timestamp()"
-        )
-    return slugs
+    product: Callable[[int | None], list[str]] | None = getattr(limits, "region_worker_args", None)
+    if product is None:
+        return ["--concurrency", str(concurrency or 2)]
+    return product(concurrency)
 
 
 class Pages(threading.Thread):
@@ -382,6 +345,10 @@ def _servers(env: dict[str, str]) -> dict[str, list[int]]:
 
 
 def run(ns: argparse.Namespace) -> int:
+    from bench import mixes, probe_stats
+
+    mix = mixes.MIXES[ns.mix]
+    warmup_s = mix.warmup_s if ns.warmup is None else ns.warmup
     admin_url = os.environ["DATABASE_URL"]
     url = _recreate(admin_url)
     redis = urlsplit(os.environ["REDIS_URL"])
@@ -425,8 +392,16 @@ def run(ns: argparse.Namespace) -> int:
     sim_port = _free_port()
     sim_url = f"http://127.0.0.1:{sim_port}"
     routes = ns.routes * ns.scale
-    slugs = build_world(sim_url, ns.tasks, routes, ns.regions, ns.interval)
-    combos = ns.tasks * routes * ns.regions
+    world = mixes.build_world(mix, sim_url, ns.tasks, routes, ns.regions, ns.interval)
+    slugs = world.regions
+    combos = world.combinations
+    with connection.cursor() as cursor:
+        # Bench only: when each row was inserted (ingest lag).
+        cursor.execute(
+            "ALTER TABLE monitor_proberesult ADD COLUMN rw_bench_written_at timestamptz "
+            "DEFAULT clock_timestamp()"
+        )
+    region_args = region_pool_args(ns.region_concurrency)
     keys = {}
     for slug in slugs:
         out = subprocess.run(
@@ -437,11 +412,17 @@ def run(ns: argparse.Namespace) -> int:
             text=True,
         )
         keys[slug] = out.stdout.strip()
+    scenarios = (
+        f" ({world.scenario_combinations} of them scenarios of {mixes.SCENARIO_STEPS} calls)"
+        if world.scenario_combinations
+        else ""
+    )
     print(
-        f"load: {ns.tasks} tasks x {routes} routes x {ns.regions} regions = {combos:,} "
-        f"combinations, a probe every {ns.interval} s = {combos / ns.interval:.0f} probes/s; "
+        f"load ({mix.name} mix, simulator {mix.config.name}): {ns.tasks} tasks x {routes} "
+        f"routes x {ns.regions} regions = {combos:,} combinations{scenarios}, a probe every "
+        f"{ns.interval} s = {combos / ns.interval:.0f} slots/s; "
         f"tick every {tick_s} s; {ns.ingest_workers} ingest worker(s) x concurrency "
-        f"{ns.ingest_concurrency}, region workers at concurrency {ns.region_concurrency}, "
+        f"{ns.ingest_concurrency}, region workers {' '.join(region_args)}, "
         f"results flushed every {ns.flush} s, workers at nice "
         f"{env.get('RW_WORKER_NICE', 'the product default')}, "
         f"{'a scheduler worker of its own' if ns.scheduler_worker else 'ticks on the ingest workers'}",
@@ -489,7 +470,7 @@ def run(ns: argparse.Namespace) -> int:
         Proc(
             "simulator",
             "simulator",
-            [PY, "-m", "simulator", "--config", str(SIM_CONFIG), "--port", str(sim_port)],
+            [PY, "-m", "simulator", "--config", str(mix.config), "--port", str(sim_port)],
             env,
             tmp / "simulator.log",
         )
@@ -557,8 +538,7 @@ def run(ns: argparse.Namespace) -> int:
                     f"probes.{slug}",
                     "--hostname",
                     f"{slug}@%h",
-                    "--concurrency",
-                    str(ns.region_concurrency),
+                    *region_args,
                     "--without-gossip",
                     "--without-mingle",
                 ],
@@ -587,9 +567,9 @@ def run(ns: argparse.Namespace) -> int:
         for p in procs:
             p.start()
         print(
-            f"started {len(procs)} processes (logs in {tmp}); warming up {ns.warmup} s", flush=True
+            f"started {len(procs)} processes (logs in {tmp}); warming up {warmup_s} s", flush=True
         )
-        time.sleep(ns.warmup)
+        time.sleep(warmup_s)
         for p in procs:
             if p.proc and p.proc.poll() is not None:
                 print(f"{p.name} exited ({p.proc.returncode}); see {p.log}")
@@ -643,7 +623,8 @@ def run(ns: argparse.Namespace) -> int:
         from monitor.models import ProbeSlot
         from monitor.pipeline import ingest
 
-        wait_until = time.monotonic() + 20 + ns.grace + 30
+        # The window's last slots end by their deadline (the longest task's) and grace.
+        wait_until = time.monotonic() + world.longest_timeout_s + ns.grace + 30
         window = ProbeSlot.objects.filter(slot_at__gte=start, slot_at__lt=end)
         while time.monotonic() < wait_until and window.filter(status="dispatched").exists():
             time.sleep(2)
@@ -656,7 +637,9 @@ def run(ns: argparse.Namespace) -> int:
             cursor.execute(
                 "SELECT extract(epoch FROM rw_bench_written_at - (started_at + "
                 "coalesce(e2e_ms, 0) * interval '1 millisecond')) FROM monitor_proberesult "
-                "WHERE started_at >= %s AND started_at < %s AND outcome <> 'missed'",
+                # A scenario's calls are sent together when the whole scenario ends.
+                "WHERE started_at >= %s AND started_at < %s AND outcome <> 'missed' "
+                "AND scenario_id IS NULL",
                 [start, end],
             )
             lags = [float(r[0]) for r in cursor.fetchall()]
@@ -673,6 +656,10 @@ def run(ns: argparse.Namespace) -> int:
             )
             outcomes = cursor.fetchall()
             measured = _timings(cursor, start, end)
+            lag_known = probe_stats.has_start_lag(cursor)
+            start_lags = probe_stats.start_lags_ms(cursor, start, end) if lag_known else []
+            late, other_missed = probe_stats.missed(cursor, start, end)
+            flight = [n for _, n in probe_stats.in_flight(cursor, start, end)]
             # Of the probes that started in each phase (its first 2 s left out).
             by_nice: dict[int, tuple[list[float], list[float]]] = {}
             for nice, begun, ended in phases:
@@ -706,8 +693,26 @@ def run(ns: argparse.Namespace) -> int:
         f"still open{f' (swept {swept})' if swept else ''}, ~{absent:,} never created  "
         f"{'ok' if missed_ok else 'MISSES TARGET'} (0 missed)"
     )
+    print(f"  missed results: {late:,} started late (not run), {other_missed:,} other")
+    if lag_known:
+        start_p99_s = _p(start_lags, 0.99) / 1000
+        print(
+            f"  start lag: p50 {_p(start_lags, 0.5):.0f} ms, p99 {start_p99_s * 1000:.0f} ms, max "
+            f"{max(start_lags, default=float('nan')):.0f} ms over {len(start_lags):,} probes  "
+            f"{'ok' if start_p99_s <= 1 else 'MISSES TARGET'} (p99 <= 1 s)"
+        )
+    else:
+        print("  start lag: not recorded by this version (no start_lag_ms column)")
     shown = ", ".join(f"{o}/{k or '-'} {n}" for o, k, n in outcomes)
     print(f"  outcomes of the window's rows: {shown}")
+    mean_flight = probe_stats.mean(flight)
+    per_k = mean_flight / 1000
+    print(
+        f"  probes in flight (every 5 s): mean {mean_flight:,.0f}, max {max(flight, default=0):,}; "
+        f"region workers per 1,000 in flight: {cpu['region workers'] / per_k:.2f} cores, "
+        f"{rss['region workers'] / per_k:,.0f} MiB RSS ({len(slugs)} processes, "
+        f"{rss['region workers'] / len(slugs):,.0f} MiB each)"
+    )
     ttfts, e2es = measured
     print(
         f"  measured: TTFT p50 {_p(ttfts, 0.5):.0f} ms, p99 {_p(ttfts, 0.99):.0f} ms; e2e p50 "
@@ -717,7 +722,8 @@ def run(ns: argparse.Namespace) -> int:
     lag_p99 = _p(lags, 0.99)
     print(
         f"  ingest lag: p50 {_p(lags, 0.5):.2f} s, p99 {lag_p99:.2f} s, max "
-        f"{max(lags) if lags else float('nan'):.2f} s over {len(lags):,} results  "
+        f"{max(lags) if lags else float('nan'):.2f} s over {len(lags):,} results (scenario "
+        "calls left out)  "
         f"{'ok' if lag_p99 < 5 else 'MISSES TARGET'} (p99 < 5 s)"
     )
     for task_name in (
@@ -799,7 +805,16 @@ def run(ns: argparse.Namespace) -> int:
 
 
 def main() -> None:
+    from bench import mixes
+
     parser = argparse.ArgumentParser()
+    parser.add_argument(
+        "--mix",
+        choices=sorted(mixes.MIXES),
+        default="realistic",
+        help="the route mix (bench/mixes.py): realistic (slow reasoning routes and scenarios "
+        "among fast ones) or fast (every probe well under a second)",
+    )
     parser.add_argument("--scale", type=int, default=1, help="multiplies the routes")
     parser.add_argument("--tasks", type=int, default=20)
     parser.add_argument("--routes", type=int, default=30)
@@ -813,11 +828,18 @@ def main() -> None:
         default=24,
         help="hours of results written before the load (0: start from an empty database)",
     )
-    parser.add_argument("--warmup", type=int, default=60)
+    parser.add_argument(
+        "--warmup", type=int, default=None, help="seconds (default: the mix's, 300 or 60)"
+    )
     parser.add_argument("--measure", type=int, default=120)
     parser.add_argument("--ingest-workers", type=int, default=2)
     parser.add_argument("--ingest-concurrency", type=int, default=2)
-    parser.add_argument("--region-concurrency", type=int, default=2)
+    parser.add_argument(
+        "--region-concurrency",
+        type=int,
+        default=None,
+        help="messages at once per region worker (default: monitor.limits.region_worker_args)",
+    )
     parser.add_argument(
         "--scheduler-worker",
         action=argparse.BooleanOptionalAction,
