@@ -8,6 +8,10 @@ The dead-letter list holds ingest messages that the database refused to take for
 ingest's retries (monitor.tasks): kept in Redis, which is up when the database is not, bounded
 by DEAD_LETTER_MAX, shown on the status page and replayed with `manage.py replay_dead_letters`
 or the page's button (ingest is idempotent, so a replay never stores a result twice).
+
+A replay goes through the signed paths only, as the message did when it first came: anyone
+who can write to Redis can add a letter, and only a region's signature says that its results
+are that region's, for its open slots.
 """
 
 from __future__ import annotations
@@ -186,8 +190,10 @@ def return_dead_letter(letter: DeadLetter) -> None:
 
 
 def replay_dead_letters(limit: int | None = None) -> tuple[int, int]:
-    """Ingest parked messages again, oldest first; returns (messages replayed, results newly
-    stored). Stops at the first database error, the message put back first in line."""
+    """Ingest parked messages again, oldest first, through the signed paths only (each one is
+    checked as if it had just come: its region's signature, that region's open slots); returns
+    (messages replayed, results newly stored). Stops at the first database error, the message
+    put back first in line."""
     # Imported here: the status page reads depths without loading ingest's column checks.
     from django.db import InterfaceError, OperationalError
 
@@ -198,21 +204,14 @@ def replay_dead_letters(limit: int | None = None) -> tuple[int, int]:
         letter = take_dead_letter()
         if letter is None:
             break
+        body = letter["body"]
         try:
-            # Parked as they came: signed by their region (older letters: plain results).
-            signed = isinstance(letter["body"], dict) and "kid" in letter["body"]
             if letter["kind"] == "scenario":
-                stored += int(scenarios.ingest_signed(letter["body"]))
+                stored += int(scenarios.ingest_signed(body))
             elif letter["kind"] == "race":
-                stored += int(
-                    races.ingest_signed(letter["body"]) if signed else races.ingest(letter["body"])
-                )
+                stored += int(races.ingest_signed(body))
             else:
-                stored += (
-                    ingest.ingest_signed(letter["body"])
-                    if signed
-                    else ingest.ingest(letter["body"])
-                )
+                stored += ingest.ingest_signed(body)
         except (OperationalError, InterfaceError):
             return_dead_letter(letter)
             raise

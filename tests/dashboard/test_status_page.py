@@ -1,10 +1,12 @@
-"""The status page and /metrics show what waits in the broker (real Redis), and every page
-says why a capped task stopped probing."""
+"""The status page and /metrics show what waits in the broker (real Redis), a replay of the
+dead letters takes only what a region signed, and every page says why a capped task stopped
+probing."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 from decimal import Decimal
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -12,8 +14,8 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from monitor.models import ProbeResult, ProbeSlot
-from monitor.pipeline import ingest, queues, scheduling
+from monitor.models import ProbeResult, ProbeSlot, Region
+from monitor.pipeline import ingest, queues, scheduling, signing
 from tests.monitor import factories as f
 
 
@@ -37,6 +39,11 @@ def clean_broker(world):
     client.delete(*keys)
 
 
+def _signed(g: Region, results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Results as the region's worker sends them (and ingest parks them)."""
+    return signing.seal(signing.signing_key(g.slug), g.slug, signing.KIND_RESULTS, results, None)
+
+
 def test_queue_depths_are_read_from_the_broker(clean_broker, world) -> None:
     _, _, g = world
     for i in range(3):
@@ -53,7 +60,7 @@ def test_metrics_export_queue_depths_and_dead_letters(
 ) -> None:
     _, _, g = world
     clean_broker.rpush(g.queue_name, "one", "two")
-    queues.park("results", [{"route_id": 1}], "OperationalError", 13)
+    queues.park("results", _signed(g, [{"route_id": 1}]), "OperationalError", 13)
     client.force_login(teammate)
     body = client.get(reverse("rw-metrics")).content.decode()
     assert "routewatch_broker_up 1" in body
@@ -72,7 +79,7 @@ def test_the_status_page_lists_queues_and_lets_staff_replay_dead_letters(
     ProbeSlot.objects.create(
         task=t, route=r, region=g, slot_at=slot_at, deadline_at=slot_at + timedelta(minutes=5)
     )
-    queues.park("results", [f.payload(t, r, g, slot_at)], "OperationalError", 13)
+    queues.park("results", _signed(g, [f.payload(t, r, g, slot_at)]), "OperationalError", 13)
     client.force_login(teammate)
     page = client.get(reverse("rw-status")).content.decode()
     assert f'data-queue="{g.queue_name}"' in page
@@ -89,6 +96,28 @@ def test_the_status_page_lists_queues_and_lets_staff_replay_dead_letters(
     assert ProbeResult.objects.get().outcome == "ok"
     assert ProbeSlot.objects.get().status == "done"
     assert queues.dead_letter_count() == 0
+
+
+def test_a_replay_stores_nothing_its_region_did_not_sign(clean_broker, world) -> None:
+    # Whoever can write to Redis can park a letter: unsigned results, or results signed by
+    # another region, for an open slot of this one, must not become measurements.
+    t, r, g = world
+    other = f.region("qdepth-other")
+    slot_at = timezone.now().replace(microsecond=0)
+    slot = ProbeSlot.objects.create(
+        task=t, route=r, region=g, slot_at=slot_at, deadline_at=slot_at + timedelta(minutes=5)
+    )
+    forged = [f.payload(t, r, g, slot_at)]
+    queues.park("results", forged, "OperationalError", 13)
+    queues.park("results", _signed(other, forged), "OperationalError", 13)
+    queues.park("race", {"race": {"region_id": g.pk}, "lanes": {}}, "OperationalError", 13)
+    assert queues.replay_dead_letters() == (3, 0)
+    assert not ProbeResult.objects.exists()
+    assert ProbeSlot.objects.get().status == slot.status != "done"
+    # The region's own signature is what lets the same result in.
+    queues.park("results", _signed(g, forged), "OperationalError", 13)
+    assert queues.replay_dead_letters() == (1, 1)
+    assert ProbeResult.objects.get().region_id == g.pk
 
 
 def test_the_status_page_says_when_the_broker_does_not_answer(

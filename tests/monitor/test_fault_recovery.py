@@ -364,7 +364,13 @@ def test_ingest_parks_what_it_cannot_store_and_the_admin_replays_it(
     slots = _open_slots(task, 6)
     stack.ingest_worker(INGEST_RETRY_MAX="1", INGEST_RETRY_BACKOFF_MAX_S="1")
     assert support.wait_until(lambda: "ready" in stack.log("ingest"), 30), stack.logs()
-    bodies = [[_result(task, r, at)] for r, at in slots]
+    # Signed as the region's worker signs them: a replay takes nothing else.
+    key_id, _, secret = REGION_KEYS[REGION].partition(":")
+    key = signing.RegionSecret(key_id, secret)
+    bodies = [
+        signing.seal(key, REGION, signing.KIND_RESULTS, [_result(task, r, at)], None)
+        for r, at in slots
+    ]
     connection.close()
     embedded.stop_postgres(_var_dir())
     try:

@@ -11,7 +11,8 @@ from monitor.pipeline import queues
 class Command(BaseCommand):
     help = (
         "Ingest again the messages parked in the dead-letter list (results the database would "
-        "not take for longer than ingest's retries), oldest first. Safe to repeat: a result "
+        "not take for longer than ingest's retries), oldest first, each checked like a new "
+        "message (its region's signature, that region's open slots). Safe to repeat: a result "
         "already stored is never stored twice."
     )
 
