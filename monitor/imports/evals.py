@@ -13,7 +13,8 @@ Formats, by file extension (or `fmt`):
   or [texts]}`, or ours: `{"input", "expected", "grader", "tolerance", "json_schema", "name"}`.
 - promptfoo YAML: a config with `tests` (and `defaultTest`), or a bare list of tests; each
   test's `vars` give the input (the var named by `input_var`, else the one var the config's
-  prompts insert, else `input`, else the only var) and its `assert` list the graders."""
+  prompts insert, else `input`, else the only var) and its `assert` list the graders. YAML
+  aliases (`*name`) are refused: write the value out."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ import yaml
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from monitor.imports.base import ImportFileError, Report, decode
+from monitor.imports.base import MAX_IMPORT_BYTES, ImportFileError, Report, decode
 from monitor.models import (
     GRADER_CONTAINS,
     GRADER_EXACT,
@@ -72,6 +73,8 @@ class CaseRow:
 class EvalFile:
     cases: list[CaseRow] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # What rendering {{ var }} has written so far (bounded by MAX_RENDERED_CHARS).
+    rendered_chars: int = 0
 
 
 def format_of(filename: str) -> str | None:
@@ -204,7 +207,9 @@ def _csv_record(
     if assertions:
         variables = {input_column: text}
         mapped = [
-            _promptfoo_string(_render(value, variables), line, source, result.notes)
+            _promptfoo_string(
+                _render(value, variables, result, line, source), line, source, result.notes
+            )
             for value in assertions
         ]
         _add_assertion_cases(result, [m for m in mapped if m is not None], name, text, line)
@@ -342,8 +347,51 @@ class _Located(dict[Any, Any]):
     line: int = 0
 
 
+# A document is bounded in what it can make, not only in bytes: aliases are refused (ten
+# lines of `&a [*b, *b, ...]` are a billion values once expanded), and so are documents of
+# more nodes, or nested deeper, than any eval set needs (each node costs far more memory than
+# its bytes; each level of nesting, stack).
+MAX_YAML_NODES = 250_000
+MAX_YAML_DEPTH = 64
+# What rendering {{ var }} may write over a whole import: a short reference to a long var,
+# repeated, is a multiple of the file's size.
+MAX_RENDERED_CHARS = MAX_IMPORT_BYTES
+
+
 class _LineLoader(yaml.SafeLoader):
-    pass
+    """promptfoo YAML as plain data (a SafeLoader), within the bounds above."""
+
+    def __init__(self, stream: str, source: str) -> None:
+        super().__init__(stream)
+        self.source = source
+        self._nodes = 0
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        event: yaml.Event = self.peek_event()  # type: ignore[no-untyped-call]  # (in the stubs)
+        line = event.start_mark.line + 1 if event.start_mark is not None else None
+        if isinstance(event, yaml.AliasEvent):
+            raise ImportFileError(
+                f"YAML aliases are not accepted (*{event.anchor}): write the value out",
+                line=line,
+                source=self.source,
+            )
+        self._nodes += 1
+        if self._nodes > MAX_YAML_NODES:
+            raise ImportFileError(
+                f"more than {MAX_YAML_NODES} YAML values; refused", line=line, source=self.source
+            )
+        if self._depth >= MAX_YAML_DEPTH:
+            raise ImportFileError(
+                f"nested more than {MAX_YAML_DEPTH} levels deep; refused",
+                line=line,
+                source=self.source,
+            )
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 def _construct_located(loader: yaml.SafeLoader, node: yaml.MappingNode) -> _Located:
@@ -376,16 +424,28 @@ _JS_TOLERANCE = re.compile(
 _TEMPLATE_VAR = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 
 
-def _render(value: Any, variables: dict[str, Any]) -> Any:
+def _render(value: Any, variables: dict[str, Any], result: EvalFile, line: int, source: str) -> Any:
     """promptfoo renders {{ var }} in assertion values with the test's vars (in texts and
-    lists of texts; schemas are left as written)."""
+    lists of texts; schemas are left as written). What it writes is counted in `result`,
+    and refused before it is written when the import's total would pass MAX_RENDERED_CHARS."""
     if isinstance(value, list):
-        return [_render(item, variables) for item in value]
+        return [_render(item, variables, result, line, source) for item in value]
     if not isinstance(value, str):
         return value
-    return _TEMPLATE_VAR.sub(
-        lambda m: str(variables[m.group(1)]) if m.group(1) in variables else m.group(0), value
+    found = list(_TEMPLATE_VAR.finditer(value))
+    texts = {m.group(1): str(variables[m.group(1)]) for m in found if m.group(1) in variables}
+    size = len(value) + sum(
+        len(texts[m.group(1)]) - len(m.group(0)) for m in found if m.group(1) in texts
     )
+    result.rendered_chars += size
+    if result.rendered_chars > MAX_RENDERED_CHARS:
+        raise ImportFileError(
+            f"{{{{ var }}}} references make more than {MAX_RENDERED_CHARS} characters of "
+            "assertions; refused",
+            line=line,
+            source=source,
+        )
+    return _TEMPLATE_VAR.sub(lambda m: texts.get(m.group(1), m.group(0)), value)
 
 
 def _texts(value: Any) -> list[str] | None:
@@ -532,7 +592,11 @@ def _prompt_var(prompts: Any) -> str:
 def _parse_promptfoo(text: str, source: str, stem: str, input_var: str) -> EvalFile:
     result = EvalFile()
     try:
-        document = yaml.load(text, Loader=_LineLoader)  # noqa: S506 (a SafeLoader)
+        loader = _LineLoader(text, source)
+        try:
+            document = loader.get_single_data()
+        finally:
+            loader.dispose()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
@@ -625,7 +689,7 @@ def _promptfoo_test(
         if not isinstance(assertion, dict) or not isinstance(assertion.get("type"), str):
             raise ImportFileError("an assertion needs a type", line=at, source=source)
         kind = assertion["type"]
-        rendered = _render(assertion.get("value"), variables)
+        rendered = _render(assertion.get("value"), variables, result, at, source)
         found = _note_or_mapped(_map_assertion(kind, rendered, at), kind, at, result.notes)
         if found is not None:
             mapped.append(found)

@@ -157,6 +157,34 @@ def test_a_malformed_upload_shows_the_line_and_changes_nothing(admin_client: Cli
     assert not EvalCase.objects.exists()
 
 
+def _alias_bomb(levels: int) -> bytes:
+    """A promptfoo config of a few hundred bytes whose assertion, its aliases expanded, lists
+    10**levels texts (at 9 levels it held an admin request for minutes)."""
+    lines = ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"l{n}: &l{n} [{', '.join([f'*l{n - 1}'] * 10)}]" for n in range(1, levels)]
+    lines += [
+        "tests:",
+        "  - vars: {input: hi}",
+        f"    assert: [{{type: contains-any, value: *l{levels - 1}}}]",
+    ]
+    return "\n".join(lines).encode()
+
+
+def test_a_yaml_alias_bomb_is_refused_with_a_clear_message(admin_client: Client) -> None:
+    task = f.task("facts", [], [])
+    url = reverse("admin:monitor_task_import_evals", args=[task.pk])
+    bomb = _alias_bomb(6)
+    assert len(bomb) < 500
+    page = admin_client.post(
+        url, {"file": _upload("promptfooconfig.yaml", bomb), "grader": "exact", "tolerance": "0"}
+    )
+    assert page.status_code == 200
+    assert (
+        "promptfooconfig.yaml, line 2: YAML aliases are not accepted (*l0)" in page.content.decode()
+    )
+    assert not EvalCase.objects.exists()
+
+
 def test_the_dry_run_box_shows_what_would_change(admin_client: Client) -> None:
     task = f.task("facts", [], [])
     url = reverse("admin:monitor_task_import_evals", args=[task.pk])

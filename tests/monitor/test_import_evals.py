@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
+from monitor.imports import evals
+from monitor.imports.base import ImportFileError
 from monitor.models import EvalCase, Task
 from probes.graders import grade
 from tests.monitor import factories as f
@@ -222,3 +224,62 @@ def test_an_unknown_grader_in_a_csv_is_named_by_line(task: Task, tmp_path: Path)
 def test_an_unknown_task_is_refused(db: None) -> None:
     with pytest.raises(CommandError, match="no task with the slug 'nope'"):
         _run("nope", str(PROMPTFOO))
+
+
+# --- bounded YAML ----------------------------------------------------------------------------
+
+
+def _promptfoo(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "promptfooconfig.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_a_yaml_alias_is_refused_by_its_line_even_a_harmless_one(
+    task: Task, existing, tmp_path: Path
+) -> None:
+    config = _promptfoo(
+        tmp_path,
+        "defaultTest:\n  vars: &shared {input: 'What is 2 + 2?'}\n"
+        "tests:\n  - vars: *shared\n    assert: [{type: equals, value: '4'}]\n",
+    )
+    with pytest.raises(
+        CommandError, match=r"line 4: YAML aliases are not accepted \(\*shared\): write the value"
+    ):
+        _run("facts", config)
+    assert list(EvalCase.objects.values_list("name", flat=True)) == ["kept"]
+
+
+def test_yaml_nested_deeper_than_any_eval_set_is_refused(task: Task, tmp_path: Path) -> None:
+    depth = 5000  # deeper than Python's stack: without the bound, a RecursionError
+    config = _promptfoo(tmp_path, "tests: " + "[" * depth + "]" * depth + "\n")
+    with pytest.raises(CommandError, match=r"line 1: nested more than 64 levels deep; refused"):
+        _run("facts", config)
+
+
+def test_a_yaml_document_of_more_values_than_the_bound_is_refused(
+    task: Task, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(evals, "MAX_YAML_NODES", 50)
+    tests = "".join(
+        f"  - vars: {{input: q{n}}}\n    assert: [{{type: equals, value: a{n}}}]\n"
+        for n in range(10)
+    )
+    config = _promptfoo(tmp_path, "tests:\n" + tests)
+    with pytest.raises(CommandError, match=r"line \d+: more than 50 YAML values; refused"):
+        _run("facts", config)
+    monkeypatch.setattr(evals, "MAX_YAML_NODES", 1000)
+    _run("facts", config)
+    assert EvalCase.objects.filter(task=task).count() == 10
+
+
+def test_rendered_var_references_are_bounded_over_the_whole_import(
+    task: Task, tmp_path: Path
+) -> None:
+    # 200 references to a 100 kB input: 20 MB of assertion text from a 100 kB file.
+    cases = tmp_path / "cases.csv"
+    cases.write_text(f"name,input,__expected\nbig,{'x' * 100_000},contains: {'{{input}}' * 200}\n")
+    with pytest.raises(
+        ImportFileError, match=r"line 2: \{\{ var \}\} references make more than 16777216"
+    ):
+        evals.parse(cases.read_bytes(), str(cases))
