@@ -11,7 +11,10 @@ or the page's button (ingest is idempotent, so a replay never stores a result tw
 
 A replay goes through the signed paths only, as the message did when it first came: anyone
 who can write to Redis can add a letter, and only a region's signature says that its results
-are that region's, for its open slots.
+are that region's, for its open slots. A letter that is not even well formed (not JSON, no
+kind, a parked time that is not a finite number) is never shown nor replayed: the replay moves
+it to its own list, DEAD_LETTER_MALFORMED_KEY, where it is counted and kept for a person to
+read, and goes on with the others.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -32,11 +36,13 @@ log = logging.getLogger(__name__)
 
 INGEST_QUEUE_NAMES = ("ingest", "default")
 DEAD_LETTER_KEY = "routewatch:dead-letters"
+DEAD_LETTER_MALFORMED_KEY = "routewatch:dead-letters:malformed"
 # kombu's Redis transport: priority steps [0, 3, 6, 9], each non-zero one in "<queue>\x06\x16<n>".
 _PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")
 _UNACKED_KEY = "unacked"
 
 DeadLetterKind = Literal["results", "race", "scenario"]
+DEAD_LETTER_KINDS: tuple[DeadLetterKind, ...] = ("results", "race", "scenario")
 
 
 class DeadLetter(TypedDict):
@@ -173,16 +179,60 @@ def dead_letter_count() -> int:
     return int(client().llen(DEAD_LETTER_KEY))
 
 
+def malformed_dead_letter_count() -> int:
+    """Letters a replay set aside because they were not well formed (kept, never replayed)."""
+    return int(client().llen(DEAD_LETTER_MALFORMED_KEY))
+
+
+def _well_formed(raw: bytes) -> DeadLetter | None:
+    """The letter, or None when it is not one `park` could have written."""
+    try:
+        letter = json.loads(raw)
+    except ValueError:  # UnicodeDecodeError included
+        return None
+    if not isinstance(letter, dict) or letter.get("kind") not in DEAD_LETTER_KINDS:
+        return None
+    parked_at = letter.get("parked_at")
+    if isinstance(parked_at, bool) or not isinstance(parked_at, int | float):
+        return None
+    # A time the status page can show: finite, and within what datetime can hold.
+    if not math.isfinite(parked_at) or not 0 <= parked_at < 253_402_300_800:
+        return None
+    if not isinstance(letter.get("reason"), str) or "body" not in letter:
+        return None
+    attempts = letter.get("attempts")
+    if isinstance(attempts, bool) or not isinstance(attempts, int):
+        return None
+    return letter  # type: ignore[return-value]
+
+
 def dead_letters(limit: int = 100) -> list[DeadLetter]:
-    """The oldest parked messages, for the status page."""
+    """The oldest parked messages that are well formed, for the status page."""
     raws: list[bytes] = client().lrange(DEAD_LETTER_KEY, 0, limit - 1)  # type: ignore[assignment]
-    return [json.loads(raw) for raw in raws]
+    return [letter for raw in raws if (letter := _well_formed(raw)) is not None]
+
+
+def _set_aside(raw: bytes, why: str) -> None:
+    client().rpush(DEAD_LETTER_MALFORMED_KEY, raw)
+    log.error(
+        "a dead letter %s: moved to %s, not replayed (%d there)",
+        why,
+        DEAD_LETTER_MALFORMED_KEY,
+        malformed_dead_letter_count(),
+    )
 
 
 def take_dead_letter() -> DeadLetter | None:
-    """Remove and return the oldest parked message (the replayer puts it back if it fails)."""
-    raw: bytes | None = client().lpop(DEAD_LETTER_KEY)  # type: ignore[assignment]
-    return None if raw is None else json.loads(raw)
+    """Remove and return the oldest well-formed parked message (the replayer puts it back if
+    it fails); malformed ones before it are set aside on the way."""
+    while True:
+        raw: bytes | None = client().lpop(DEAD_LETTER_KEY)  # type: ignore[assignment]
+        if raw is None:
+            return None
+        letter = _well_formed(raw)
+        if letter is not None:
+            return letter
+        _set_aside(raw, "is not well formed")
 
 
 def return_dead_letter(letter: DeadLetter) -> None:
@@ -215,6 +265,11 @@ def replay_dead_letters(limit: int | None = None) -> tuple[int, int]:
         except (OperationalError, InterfaceError):
             return_dead_letter(letter)
             raise
+        except Exception:
+            # An engine bug, not the letter's sender: kept for a person, and the rest go on.
+            log.exception("replaying a %s dead letter failed", letter["kind"])
+            _set_aside(json.dumps(letter).encode(), "could not be replayed")
+            continue
         replayed += 1
     return replayed, stored
 
@@ -229,6 +284,7 @@ class BrokerFigures(TypedDict):
     depths: dict[str, int]
     unacked: int
     dead_letters: int
+    malformed_dead_letters: int  # set aside by a replay, kept for a person to read
 
 
 def broker_figures(region_queue_names: Iterable[str]) -> BrokerFigures | None:
@@ -239,6 +295,7 @@ def broker_figures(region_queue_names: Iterable[str]) -> BrokerFigures | None:
             "depths": depths(known_queues(region_queue_names)),
             "unacked": unacked(),
             "dead_letters": dead_letter_count(),
+            "malformed_dead_letters": malformed_dead_letter_count(),
         }
     except redis.RedisError:
         log.warning("broker figures unavailable: Redis does not answer")

@@ -4,6 +4,7 @@ probing."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -33,7 +34,7 @@ def clean_broker(world):
     *_, g = world
     client = queues.client()
     keys = [g.queue_name + suffix for suffix in ("", "\x06\x163", "\x06\x166", "\x06\x169")]
-    keys.append(queues.DEAD_LETTER_KEY)
+    keys += [queues.DEAD_LETTER_KEY, queues.DEAD_LETTER_MALFORMED_KEY]
     client.delete(*keys)
     yield client
     client.delete(*keys)
@@ -118,6 +119,42 @@ def test_a_replay_stores_nothing_its_region_did_not_sign(clean_broker, world) ->
     queues.park("results", _signed(g, forged), "OperationalError", 13)
     assert queues.replay_dead_letters() == (1, 1)
     assert ProbeResult.objects.get().region_id == g.pk
+
+
+def test_malformed_dead_letters_are_kept_aside_and_the_rest_replayed(
+    client: Client, clean_broker, world, django_user_model
+) -> None:
+    t, r, g = world
+    slot_at = timezone.now().replace(microsecond=0)
+    ProbeSlot.objects.create(
+        task=t, route=r, region=g, slot_at=slot_at, deadline_at=slot_at + timedelta(minutes=5)
+    )
+    good = _signed(g, [f.payload(t, r, g, slot_at)])
+    letter = {"kind": "results", "reason": "OperationalError", "attempts": 13, "body": good}
+    malformed = [
+        b"not json {",
+        json.dumps({**letter, "parked_at": "yesterday"}).encode(),
+        json.dumps({**letter, "parked_at": float("nan")}).encode(),
+        json.dumps({**letter, "parked_at": 1e300}).encode(),
+        json.dumps(["a list"]).encode(),
+    ]
+    clean_broker.rpush(queues.DEAD_LETTER_KEY, *malformed)
+    queues.park("results", good, "OperationalError", 13)
+    staff = django_user_model.objects.create_user("ops", "ops@example.com", "pw", is_staff=True)
+    client.force_login(staff)
+    page = client.get(reverse("rw-status"))
+    assert page.status_code == 200
+    assert [x["body"] for x in queues.dead_letters()] == [good]
+    response = client.post(reverse("rw-replay-dead-letters"), follow=True)
+    assert response.status_code == 200
+    assert "1 messages replayed: 1 results newly stored" in response.content.decode()
+    assert ProbeSlot.objects.get().status == "done"
+    assert queues.dead_letter_count() == 0
+    # Never lost: kept as they were, counted, for a person to read.
+    assert clean_broker.lrange(queues.DEAD_LETTER_MALFORMED_KEY, 0, -1) == malformed
+    figures = queues.broker_figures([g.queue_name])
+    assert figures is not None
+    assert figures["malformed_dead_letters"] == len(malformed)
 
 
 def test_the_status_page_says_when_the_broker_does_not_answer(

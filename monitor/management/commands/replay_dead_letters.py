@@ -32,3 +32,9 @@ class Command(BaseCommand):
             f"{replayed} of {waiting} parked messages replayed: {stored} results newly stored; "
             f"{queues.dead_letter_count()} still parked."
         )
+        malformed = queues.malformed_dead_letter_count()
+        if malformed:
+            self.stdout.write(
+                f"{malformed} malformed letters are kept aside, never replayed, in the Redis "
+                f"list {queues.DEAD_LETTER_MALFORMED_KEY}."
+            )
