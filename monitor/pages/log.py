@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -269,20 +270,25 @@ class _Echo:
         return value
 
 
-_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+# Where a spreadsheet may start a cell: the text's start, or after any separator it might be
+# told to split on (a file opened with ";" or "|" splits inside our quoted fields), then spaces
+# (some trim them). A formula starts with one of = + - @, or a tab or carriage return.
+_FORMULA_AT = re.compile(r"(^|[,;|\t\r\n])(?=[ ]*[=+\-@\t\r])")
 
 
 def _cell(value: Any) -> Any:
-    """Provider text could start a spreadsheet formula: such cells get a leading quote."""
+    """Provider text could start a spreadsheet formula in any of its segments: each such
+    segment gets a leading quote, which shows as text."""
     if isinstance(value, datetime):
         return value.isoformat()
-    if isinstance(value, str) and value.startswith(_FORMULA_START):
-        return "'" + value
+    if isinstance(value, str):
+        return _FORMULA_AT.sub(r"\1'", value)
     return "" if value is None else value
 
 
 def csv_stream(rows: Iterator[tuple[Any, ...]]) -> Iterator[str]:
-    writer = csv.writer(_Echo())
+    # Every field quoted: a separator inside one never splits it in a reader that honours quotes.
+    writer = csv.writer(_Echo(), quoting=csv.QUOTE_ALL)
     yield writer.writerow(EXPORT_HEADER)
     for row in rows:
         yield writer.writerow([_cell(v) for v in row])

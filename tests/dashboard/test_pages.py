@@ -285,6 +285,34 @@ def test_the_csv_export_defuses_spreadsheet_formulas_in_provider_text(
     assert texts == ['\'=HYPERLINK("http://evil.example","x")']
 
 
+def test_the_csv_export_defuses_formulas_in_every_segment_and_quotes_every_field(
+    client: Client, probed_world: World, teammate: User
+) -> None:
+    # A spreadsheet told to split on ";" (or "|", or tabs) splits inside a cell: each segment
+    # must read as text.
+    texts = ["ok;=1+1", "ok;@SUM(A1)", "ok;-2+3+cmd|'/C calc'!A0", "a|+1", "b\t=2", "c; =3"]
+    pks = ProbeResult.objects.order_by("pk").values_list("pk", flat=True)[: len(texts)]
+    for pk, text in zip(pks, texts, strict=True):
+        ProbeResult.objects.filter(pk=pk).update(text=text)
+    client.force_login(teammate)
+    response = client.get(reverse("rw-export", args=["csv"]))
+    body = b"".join(response.streaming_content).decode()  # type: ignore[attr-defined]
+    assert body.startswith('"started_at","task",')
+    cells = {r["text"] for r in csv.DictReader(io.StringIO(body))}
+    assert {
+        "ok;'=1+1",
+        "ok;'@SUM(A1)",
+        "ok;'-2+3+cmd|'/C calc'!A0",
+        "a|'+1",
+        "b\t'=2",
+        "c;' =3",
+    } <= cells
+    for line in body.splitlines():
+        for segment in re.split(r"[;|\t]", line):
+            assert not segment.lstrip(' "').startswith(("=", "+", "@")), line
+        assert not re.search(r"[;|\t] *-", line), line
+
+
 def test_the_races_page_shows_win_rates_time_saved_and_extra_tokens(
     client: Client, probed_world: World, teammate: User
 ) -> None:
