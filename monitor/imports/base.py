@@ -1,9 +1,14 @@
-"""What every import shares: its error, its report, reading a local file within a bound."""
+"""What every import shares: its error, its report, reading a local file within a bound,
+reading JSON."""
 
 from __future__ import annotations
 
+import json
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 # The largest file an import reads. LiteLLM's price file is about 1.6 MB (2025); eval sets
 # and index tables are smaller. Beyond this, the source is not what we expect.
@@ -68,3 +73,32 @@ def decode(data: bytes, source: str) -> str:
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise ImportFileError("not UTF-8 text", line=line, source=source) from None
+
+
+def parse_json(
+    text: str,
+    source: str,
+    *,
+    line: int | None = None,
+    what: str = "not valid JSON",
+    parse_float: Callable[[str], Any] | None = None,
+) -> Any:
+    """json.loads, each way it fails an ImportFileError starting with `what`: a syntax error
+    (at its line in `text`, unless `line` says where `text` is), and the two json raises as
+    other errors: nesting deeper than Python's stack, an integer longer than Python converts."""
+    try:
+        return json.loads(text, parse_float=parse_float)
+    except json.JSONDecodeError as exc:
+        raise ImportFileError(
+            f"{what}: {exc.msg} (column {exc.colno})",
+            line=exc.lineno if line is None else line,
+            source=source,
+        ) from None
+    except RecursionError:
+        raise ImportFileError(f"{what}: nested too deeply", line=line, source=source) from None
+    except ValueError:
+        raise ImportFileError(
+            f"{what}: an integer of more than {sys.get_int_max_str_digits()} digits",
+            line=line,
+            source=source,
+        ) from None

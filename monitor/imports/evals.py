@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ import yaml
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from monitor.imports.base import MAX_IMPORT_BYTES, ImportFileError, Report, decode
+from monitor.imports.base import MAX_IMPORT_BYTES, ImportFileError, Report, decode, parse_json
 from monitor.models import (
     GRADER_CONTAINS,
     GRADER_EXACT,
@@ -229,12 +228,7 @@ def _csv_record(
     schema = None
     raw_schema = (record.get("json_schema") or "").strip()
     if raw_schema:
-        try:
-            schema = json.loads(raw_schema)
-        except ValueError:
-            raise ImportFileError(
-                "json_schema is not valid JSON", line=line, source=source
-            ) from None
+        schema = parse_json(raw_schema, source, line=line, what="json_schema is not valid JSON")
     result.cases.append(CaseRow(line, name, text, grader, expected, tolerance, schema))
 
 
@@ -291,12 +285,7 @@ def _parse_jsonl(
     for number, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
             continue
-        try:
-            item = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise ImportFileError(
-                f"not valid JSON: {exc.msg} (column {exc.colno})", line=number, source=source
-            ) from None
+        item = parse_json(raw, source, line=number)
         if not isinstance(item, dict):
             raise ImportFileError("expected a JSON object", line=number, source=source)
         if "input" not in item:
@@ -525,12 +514,7 @@ def _promptfoo_string(assertion: str, line: int, source: str, notes: list[str]) 
     if kind in ("contains-any", "icontains-any", "contains-all", "icontains-all") and value:
         parsed: Any = next(csv.reader([value], skipinitialspace=True))
     elif kind in ("is-json", "contains-json") and value:
-        try:
-            parsed = json.loads(value)
-        except ValueError:
-            raise ImportFileError(
-                f"{kind}: the schema is not valid JSON", line=line, source=source
-            ) from None
+        parsed = parse_json(value, source, line=line, what=f"{kind}: the schema is not valid JSON")
     else:
         parsed = value
     return _note_or_mapped(_map_assertion(kind, parsed, line), kind, line, notes)

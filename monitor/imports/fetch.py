@@ -1,26 +1,36 @@
 """Reading an import source from a URL an admin typed: checked like a provider URL.
 
-The host is resolved once, every address it resolves to must be public (unless
-PROVIDER_ALLOW_PRIVATE_NETWORKS), and the connection goes to the address that was checked, so
+The host is resolved once, every address it resolves to must be public by the probe engine's
+own policy (probes.transport.address_allowed: an IPv6 form that embeds a private or loopback
+IPv4 address, NAT64, 6to4, mapped or compatible, is not public) unless
+PROVIDER_ALLOW_PRIVATE_NETWORKS, and the connection goes to the address that was checked, so
 a name that resolves differently a moment later (DNS rebinding) cannot reach an internal
 service. Redirects are followed a few times, each target checked the same way; the body is
-read up to a bound."""
+read up to a bound, and the whole fetch (connecting and every read, across redirects) within
+one deadline. Every way it fails is an ImportFileError saying why, never an exception of the
+HTTP client's: the admin sees the refusal on the form."""
 
 from __future__ import annotations
 
 import http.client
-import ipaddress
 import socket
 import ssl
-from urllib.parse import urljoin, urlsplit
+import time
+from typing import TYPE_CHECKING, cast
+from urllib.parse import SplitResult, urljoin, urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from monitor.imports.base import MAX_IMPORT_BYTES, ImportFileError
 from monitor.models import check_provider_url
+from probes.transport import address_allowed
 
-TIMEOUT_S = 20.0
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
+
+# The whole fetch: LiteLLM's price file (about 1.6 MB) takes a second or two.
+DEADLINE_S = 30.0
 MAX_REDIRECTS = 3
 USER_AGENT = "routewatch-import/1"
 
@@ -29,15 +39,106 @@ def is_url(source: str) -> bool:
     return source.startswith(("https://", "http://"))
 
 
+def _left(deadline: float) -> float:
+    """Seconds left before `deadline` (time.monotonic); TimeoutError when none are."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("the deadline passed")
+    return left
+
+
+class _DeadlineSocket(socket.socket):
+    """Each read waits no longer than what is left of the fetch's deadline: a timeout per
+    read alone starts again with every byte, so a server trickling bytes would hold the fetch
+    as long as it liked."""
+
+    deadline: float
+
+    def recv_into(self, buffer: WriteableBuffer, nbytes: int = 0, flags: int = 0) -> int:
+        self.settimeout(_left(self.deadline))
+        return super().recv_into(buffer, nbytes, flags)
+
+
+class _DeadlineSSLSocket(ssl.SSLSocket):
+    """As above, over TLS (the context makes its sockets of this class)."""
+
+    deadline: float
+
+    def recv_into(self, buffer: WriteableBuffer, nbytes: int | None = None, flags: int = 0) -> int:
+        self.settimeout(_left(self.deadline))
+        return super().recv_into(buffer, nbytes, flags)
+
+
+def _connect(address: str, port: int, deadline: float) -> _DeadlineSocket:
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = _DeadlineSocket(family, socket.SOCK_STREAM)
+    sock.deadline = deadline
+    try:
+        sock.settimeout(_left(deadline))
+        sock.connect((address, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class _PinnedHTTPConnection(http.client.HTTPConnection):
+    """Connects to an address already checked; the Host header keeps the name."""
+
+    def __init__(self, host: str, port: int, address: str, deadline: float) -> None:
+        super().__init__(host, port)  # (its timeout is not used: connect() is ours)
+        self._address = address
+        self._deadline = deadline
+
+    def connect(self) -> None:
+        self.sock = _connect(self._address, self.port, self._deadline)
+
+
+class _PinnedHTTPSConnection(http.client.HTTPSConnection):
+    """As above, over TLS verified against the host name (SNI and certificate)."""
+
+    def __init__(self, host: str, port: int, address: str, deadline: float) -> None:
+        self._tls = ssl.create_default_context()
+        self._tls.sslsocket_class = _DeadlineSSLSocket
+        super().__init__(host, port, context=self._tls)
+        self._address = address
+        self._deadline = deadline
+
+    def connect(self) -> None:
+        raw = _connect(self._address, self.port, self._deadline)
+        raw.settimeout(_left(self._deadline))  # the handshake's own bound
+        sock = cast(_DeadlineSSLSocket, self._tls.wrap_socket(raw, server_hostname=self.host))
+        sock.deadline = self._deadline
+        self.sock = sock
+
+
+def _checked(url: str, allow_private: bool) -> tuple[SplitResult, int]:
+    """The URL's parts and port, refused unless well formed (and https, unless private
+    networks are allowed)."""
+    try:
+        check_provider_url(url, allow_private=True)  # shape only; addresses below
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValidationError as exc:
+        raise ImportFileError(" ".join(exc.messages), source=url) from None
+    except ValueError as exc:  # a port out of range or not a number, a broken [IPv6] host
+        raise ImportFileError(f"not a valid URL: {exc}", source=url) from None
+    if parts.scheme == "http" and not allow_private:
+        raise ImportFileError("plain http:// is allowed only for private test networks", source=url)
+    return parts, port
+
+
 def _checked_address(host: str, port: int, allow_private: bool, source: str) -> str:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror:
+    except (OSError, ValueError):  # ValueError: a name IDNA cannot encode
         raise ImportFileError(f"the host {host!r} does not resolve", source=source) from None
     addresses = [str(info[4][0]) for info in infos]
+    if not addresses:
+        raise ImportFileError(f"the host {host!r} does not resolve", source=source)
     if not allow_private:
         for address in addresses:
-            if not ipaddress.ip_address(address).is_global:
+            if not address_allowed(address):
                 raise ImportFileError(
                     f"{host} resolves to a non-public address ({address}); "
                     "set PROVIDER_ALLOW_PRIVATE_NETWORKS=true to allow it",
@@ -46,50 +147,19 @@ def _checked_address(host: str, port: int, allow_private: bool, source: str) -> 
     return addresses[0]
 
 
-class _PinnedHTTPConnection(http.client.HTTPConnection):
-    """Connects to an address already checked; the Host header keeps the name."""
-
-    def __init__(self, host: str, port: int, address: str, timeout: float) -> None:
-        super().__init__(host, port, timeout=timeout)
-        self._address = address
-
-    def connect(self) -> None:
-        self.sock = socket.create_connection((self._address, self.port), self.timeout)
-
-
-class _PinnedHTTPSConnection(http.client.HTTPSConnection):
-    """As above, over TLS verified against the host name (SNI and certificate)."""
-
-    def __init__(self, host: str, port: int, address: str, timeout: float) -> None:
-        self._tls = ssl.create_default_context()
-        super().__init__(host, port, timeout=timeout, context=self._tls)
-        self._address = address
-
-    def connect(self) -> None:
-        raw = socket.create_connection((self._address, self.port), self.timeout)
-        self.sock = self._tls.wrap_socket(raw, server_hostname=self.host)
-
-
-def fetch(url: str, *, limit: int = MAX_IMPORT_BYTES) -> bytes:
-    """The body of a 200 response from `url`, refused when larger than `limit` bytes."""
+def fetch(url: str, *, limit: int = MAX_IMPORT_BYTES, deadline_s: float = DEADLINE_S) -> bytes:
+    """The body of a 200 response from `url`, refused when larger than `limit` bytes or not
+    all there within `deadline_s` seconds (name resolution aside)."""
     allow_private: bool = settings.PROVIDER_ALLOW_PRIVATE_NETWORKS
+    deadline = time.monotonic() + deadline_s
     for _ in range(MAX_REDIRECTS + 1):
-        try:
-            check_provider_url(url, allow_private=True)  # shape only; addresses below
-        except ValidationError as exc:
-            raise ImportFileError(" ".join(exc.messages), source=url) from None
-        parts = urlsplit(url)
-        if parts.scheme == "http" and not allow_private:
-            raise ImportFileError(
-                "plain http:// is allowed only for private test networks", source=url
-            )
+        parts, port = _checked(url, allow_private)
         host = parts.hostname or ""
-        port = parts.port or (443 if parts.scheme == "https" else 80)
         address = _checked_address(host, port, allow_private, url)
         connection_class = (
             _PinnedHTTPSConnection if parts.scheme == "https" else _PinnedHTTPConnection
         )
-        connection = connection_class(host, port, address, TIMEOUT_S)
+        connection = connection_class(host, port, address, deadline)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         try:
             connection.request(
@@ -111,7 +181,12 @@ def fetch(url: str, *, limit: int = MAX_IMPORT_BYTES) -> bytes:
             if len(body) > limit:
                 raise ImportFileError(f"larger than {limit} bytes; refused", source=url)
             return body
-        except (OSError, http.client.HTTPException) as exc:
+        except TimeoutError:
+            raise ImportFileError(
+                f"not fetched within {deadline_s:g} s; refused", source=url
+            ) from None
+        # ValueError: what http.client raises of a Location or header it cannot use
+        except (OSError, http.client.HTTPException, ValueError) as exc:
             raise ImportFileError(f"cannot fetch it: {exc}", source=url) from None
         finally:
             connection.close()

@@ -18,7 +18,7 @@ from typing import Any
 from django.db import transaction
 
 from monitor import presets
-from monitor.imports.base import ImportFileError, Report, decode
+from monitor.imports.base import ImportFileError, Report, decode, parse_json
 from monitor.models import Route
 
 PER_MTOK = Decimal(1_000_000)
@@ -56,12 +56,7 @@ def _line_of(text: str, key: str) -> int | None:
 def parse(data: bytes, source: str) -> dict[str, dict[str, Any]]:
     """The file's entries by model name (numbers as Decimal, as written)."""
     text = decode(data, source)
-    try:
-        document = json.loads(text, parse_float=Decimal)
-    except json.JSONDecodeError as exc:
-        raise ImportFileError(
-            f"not valid JSON: {exc.msg}", line=exc.lineno, source=source
-        ) from None
+    document = parse_json(text, source, parse_float=Decimal)
     if not isinstance(document, dict):
         raise ImportFileError(
             "expected a JSON object of model names (LiteLLM's price file format)",

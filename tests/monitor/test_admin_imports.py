@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import http.server
+import threading
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 
@@ -221,6 +224,50 @@ def test_prices_and_quality_are_imported_from_uploads_on_the_routes(admin_client
 def test_a_price_import_needs_a_file_or_a_url(admin_client: Client) -> None:
     page = admin_client.post(reverse("admin:monitor_route_import_prices"), {})
     assert "Give a file or a URL" in page.content.decode()
+
+
+class _Serving(http.server.BaseHTTPRequestHandler):
+    body = b""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(type(self).body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def deep_json_url() -> Iterator[str]:
+    body = b'{"gpt-4o-mini": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    httpd = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), type("Handler", (_Serving,), {"body": body})
+    )
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_port}/prices.json"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.mark.parametrize(
+    ("url", "refusal"),
+    [
+        ("https://example.com:99999/prices.json", "not a valid URL: Port out of range"),
+        ("https://[64:ff9b::7f00:1]/prices.json", "resolves to a non-public address"),
+        ("deep", "not valid JSON: nested too deeply"),
+    ],
+)
+def test_a_price_url_that_cannot_be_imported_is_refused_on_the_form(
+    admin_client: Client, settings, deep_json_url: str, url: str, refusal: str
+) -> None:
+    settings.PROVIDER_ALLOW_PRIVATE_NETWORKS = url == "deep"
+    page = admin_client.post(
+        reverse("admin:monitor_route_import_prices"),
+        {"url": deep_json_url if url == "deep" else url},
+    )
+    assert page.status_code == 200
+    assert refusal in page.content.decode()
 
 
 @pytest.mark.parametrize("name", ["monitor_route_import_prices", "monitor_route_import_quality"])

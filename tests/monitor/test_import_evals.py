@@ -199,6 +199,18 @@ def test_a_bad_jsonl_line_is_named_and_the_good_lines_are_not_kept(
     assert list(EvalCase.objects.values_list("name", flat=True)) == ["kept"]
 
 
+def test_a_jsonl_line_nested_deeper_than_python_reads_is_named(
+    task: Task, existing, tmp_path: Path
+) -> None:
+    deep = tmp_path / "cases.jsonl"
+    deep.write_text('{"input": "a", "ideal": "b"}\n' + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(
+        CommandError, match=r"cases.jsonl, line 2: not valid JSON: nested too deeply"
+    ):
+        _run("facts", str(deep))
+    assert list(EvalCase.objects.values_list("name", flat=True)) == ["kept"]
+
+
 def test_a_case_the_model_refuses_is_named_by_line_and_nothing_is_kept(
     task: Task, existing, tmp_path: Path
 ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.server
 import io
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -213,3 +214,92 @@ def test_a_source_larger_than_the_bound_is_refused(server, settings) -> None:
     with pytest.raises(ImportFileError, match="larger than 1000 bytes"):
         fetch(f"{base}/prices.json", limit=1000)
     assert len(fetch(f"{base}/prices.json")) == FIXTURE.stat().st_size
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "[64:ff9b::7f00:1]",  # NAT64 of 127.0.0.1
+        "[2002:7f00:1::1]",  # 6to4 of 127.0.0.1
+        "[::7f00:1]",  # IPv4-compatible 127.0.0.1
+        "[::ffff:7f00:1]",  # IPv4-mapped 127.0.0.1
+        "[64:ff9b::a00:7]",  # NAT64 of 10.0.0.7
+    ],
+)
+def test_ipv6_forms_of_a_private_ipv4_address_are_refused_like_the_engine_refuses_them(
+    server, settings, host: str
+) -> None:
+    settings.PROVIDER_ALLOW_PRIVATE_NETWORKS = False
+    base, handler = server
+    port = base.rsplit(":", 1)[1]
+    with pytest.raises(ImportFileError, match=r"resolves to a non-public address"):
+        fetch(f"https://{host}:{port}/prices.json")
+    assert handler.hits == []
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("https://example.com:99999/prices.json", "Port out of range"),
+        ("https://example.com:https/prices.json", "Port could not be cast"),
+        ("https://[::1/prices.json", "Invalid IPv6 URL"),
+    ],
+)
+def test_a_malformed_url_is_refused_saying_why(settings, url: str, why: str) -> None:
+    settings.PROVIDER_ALLOW_PRIVATE_NETWORKS = False
+    with pytest.raises(ImportFileError, match=rf"not a valid URL: {why}"):
+        fetch(url)
+
+
+class _Trickling(http.server.BaseHTTPRequestHandler):
+    """Answers a byte every 50 ms, 2 to 5 s in all: from its status line, or in its body."""
+
+    in_headers = False
+    body = b"{" + b" " * 38 + b"}"
+
+    def do_GET(self) -> None:
+        head = b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n"
+        if not type(self).in_headers:
+            self.wfile.write(head)
+            head = b""
+        try:
+            for byte in head + self.body:
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+                time.sleep(0.05)
+        except OSError:
+            pass  # the reader gave up
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("in_headers", [True, False], ids=["headers", "body"])
+def test_a_server_trickling_bytes_is_cut_off_at_the_fetchs_deadline(
+    settings, in_headers: bool
+) -> None:
+    settings.PROVIDER_ALLOW_PRIVATE_NETWORKS = True
+    handler = type("Handler", (_Trickling,), {"in_headers": in_headers})
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(ImportFileError, match=r"not fetched within 1 s; refused"):
+            fetch(f"http://127.0.0.1:{httpd.server_port}/prices.json", deadline_s=1)
+        # Given the time, the same answer is read.
+        assert fetch(f"http://127.0.0.1:{httpd.server_port}/prices.json") == _Trickling.body
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_json_nested_deeper_than_python_reads_is_refused_not_raised(routes, tmp_path: Path) -> None:
+    deep = tmp_path / "prices.json"
+    deep.write_text('{"gpt-4o-mini": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(CommandError, match=r"prices.json: not valid JSON: nested too deeply"):
+        _run(str(deep))
+    long = tmp_path / "long.json"
+    long.write_text('{"gpt-4o-mini": {"max_tokens": 1' + "0" * 5000 + "}}")
+    with pytest.raises(CommandError, match=r"not valid JSON: an integer of more than 4300 digits"):
+        _run(str(long))
+    assert _prices(routes["mini"])[0] == Decimal("1")
