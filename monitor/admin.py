@@ -14,6 +14,7 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 from django.utils import timezone
+from django.utils.cache import patch_cache_control
 from django.utils.decorators import method_decorator
 from django.views.decorators.debug import sensitive_post_parameters
 
@@ -742,7 +743,7 @@ class SubscriptionAdmin(admin.ModelAdmin[Subscription]):
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin[ApiToken]):
     """Tokens for the read API (/api/v1/). Adding one generates it; only its prefix and
-    SHA-256 are kept, so the token is shown once, in the message after the save."""
+    SHA-256 are kept, so the token is shown once, on the page that answers the save."""
 
     list_display = ["name", "prefix", "created_at", "last_used_at", "is_active"]
     list_filter = ["is_active"]
@@ -751,14 +752,33 @@ class ApiTokenAdmin(admin.ModelAdmin[ApiToken]):
     readonly_fields = ["prefix", "created_at", "last_used_at"]
 
     def save_model(self, request: HttpRequest, obj: ApiToken, form: Any, change: bool) -> None:
-        issued = None
         if not change:
             issued = tokens.issue()
             obj.prefix, obj.digest = issued.prefix, issued.digest
+            # On the object for this request's answer only (response_add), never stored.
+            setattr(obj, _ISSUED_ATTR, issued.token)
         super().save_model(request, obj, form, change)
-        if issued is not None:
-            messages.warning(
-                request,
-                f"The API token for {obj.name!r} is {issued.token} — copy it now: it is shown "
-                "only this once and cannot be recovered (a lost token is replaced by a new one).",
-            )
+
+    def response_add(
+        self, request: HttpRequest, obj: ApiToken, post_url_continue: str | None = None
+    ) -> HttpResponse:
+        """The token on the answer to the POST that made it, not after a redirect: carried
+        there it would sit in Django's messages, a cookie anyone holding it can decode, or
+        in the session table."""
+        token = getattr(obj, _ISSUED_ATTR, None)
+        if token is None:
+            return super().response_add(request, obj, post_url_continue)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "API token created",
+            "token": token,
+            "token_row": obj,
+        }
+        response = TemplateResponse(request, "admin/monitor/apitoken/issued.html", context)
+        patch_cache_control(response, no_store=True)
+        return response
+
+
+# The attribute that carries a new token from save_model to response_add.
+_ISSUED_ATTR = "_rw_issued"

@@ -6,7 +6,8 @@ import hashlib
 import re
 
 from django.contrib.auth.models import User
-from django.test import Client
+from django.contrib.messages.storage.cookie import CookieStorage
+from django.test import Client, RequestFactory
 from django.urls import reverse
 
 from monitor.models import ApiToken
@@ -50,6 +51,30 @@ def test_adding_a_token_shows_it_once_and_keeps_only_its_digest(
     assert (row.name, row.is_active) == ("renamed", False)
     assert row.digest == hashlib.sha256(token.encode()).hexdigest()
     assert get(client, reverse("rw-api-tasks"), token).status_code == 401
+
+
+def test_the_token_is_kept_in_no_cookie_and_no_session(admin_client: Client) -> None:
+    response = admin_client.post(
+        reverse("admin:monitor_apitoken_add"), {"name": "gateway", "is_active": "on"}
+    )
+    row = ApiToken.objects.get()
+    # Django's messages cookie is signed, not encrypted: anyone holding it can read it.
+    kept = []
+    for morsel in response.cookies.values():
+        kept.append(morsel.value)
+        if morsel.key == CookieStorage.cookie_name and morsel.value:
+            request = RequestFactory().get("/")
+            request.COOKIES[morsel.key] = morsel.value
+            kept += [str(m) for m in CookieStorage(request)]
+    kept.append(repr(dict(admin_client.session.items())))
+    found = [t for value in kept for t in TOKEN.findall(value)]
+    assert row.digest not in {hashlib.sha256(t.encode()).hexdigest() for t in found}
+    # Shown on the answer to the POST itself, which no cache keeps.
+    assert response.status_code == 200
+    assert "no-store" in response["Cache-Control"]
+    token = TOKEN.findall(response.content.decode())[0]
+    assert row.digest == hashlib.sha256(token.encode()).hexdigest()
+    assert token not in admin_client.get(reverse("admin:index")).content.decode()
 
 
 def test_each_token_is_new(admin_client: Client) -> None:
