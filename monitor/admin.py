@@ -18,7 +18,7 @@ from django.utils.cache import patch_cache_control
 from django.utils.decorators import method_decorator
 from django.views.decorators.debug import sensitive_post_parameters
 
-from monitor import presets, scenario_presets
+from monitor import headers, presets, scenario_presets
 from monitor.api import tokens
 from monitor.imports import evals, prices, quality
 from monitor.imports.base import MAX_IMPORT_BYTES, ImportFileError, Report
@@ -161,6 +161,12 @@ class ProviderForm(forms.ModelForm[Provider]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["base_url"].required = False  # a preset can supply it
+
+    def clean_extra_headers(self) -> Any:
+        value = self.cleaned_data.get("extra_headers")
+        if (error := headers.extra_headers_error(value)) is not None:
+            raise forms.ValidationError(error, code="credential_header")
+        return value
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}

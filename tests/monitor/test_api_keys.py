@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import logging
 from typing import Any
 
@@ -18,6 +19,11 @@ from monitor.logfilters import RedactSecrets
 from monitor.models import Provider
 
 CANARY = "sk-canary-4f1d9a7b2c3e8d6f0a1b"
+CREDENTIAL_ERROR = (
+    "looks like a credential: extra headers are stored and sent in plain text. Put it in the "
+    "secret headers of this provider's routes (Routes, secret headers), which are encrypted "
+    "and bound to the provider's origin."
+)
 
 
 def _provider_form(**overrides: str) -> dict[str, str]:
@@ -65,6 +71,38 @@ def test_a_typed_key_never_comes_back_and_is_never_logged(
         assert CANARY.encode() not in page.content
     assert CANARY not in caplog.text
     assert provider.get_api_key() == CANARY
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "Authorization",
+        "proxy-authorization",
+        "x-api-key",
+        "API-Key",
+        "X-Goog-Api-Key",
+        "X-Auth-Token",
+        "Cookie",
+        "x-client-secret",
+    ],
+)
+def test_a_credential_is_refused_as_a_plain_extra_header(admin_client: Client, name: str) -> None:
+    page = admin_client.post(
+        reverse("admin:monitor_provider_add"),
+        _provider_form(extra_headers=json.dumps({name: "gw-0123456789"})),
+    )
+    assert page.status_code == 200
+    assert not Provider.objects.exists()
+    errors = page.context["adminform"].form.errors["extra_headers"]
+    assert errors == [f"{name} {CREDENTIAL_ERROR}"]
+
+
+def test_other_extra_headers_are_kept(admin_client: Client) -> None:
+    kept = {"OpenAI-Organization": "org-1", "anthropic-beta": "prompt-caching-2024-07-31"}
+    admin_client.post(
+        reverse("admin:monitor_provider_add"), _provider_form(extra_headers=json.dumps(kept))
+    )
+    assert Provider.objects.get().extra_headers == kept
 
 
 def test_log_output_never_holds_a_decrypted_key(db: None) -> None:
