@@ -27,8 +27,12 @@ class MonitorConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from monitor.logfilters import redact_every_handler
         from monitor.models import EvalCase, Provider, Region, Route, Task
         from monitor.pages import overview
+
+        # Logging is configured by now (django.setup runs it before the apps are ready).
+        redact_every_handler()
 
         connection_created.connect(without_jit, dispatch_uid="monitor-without-jit")
         # A configuration change shows on the overview at once, not at its next rebuild.

@@ -15,7 +15,7 @@ from django.test import Client
 from django.urls import reverse
 
 from monitor.crypto import ApiKeyDecryptionError
-from monitor.logfilters import RedactSecrets
+from monitor.logfilters import RedactSecrets, register_secret
 from monitor.models import Provider
 
 CANARY = "sk-canary-4f1d9a7b2c3e8d6f0a1b"
@@ -135,6 +135,37 @@ def test_log_output_never_holds_a_decrypted_key(db: None) -> None:
     assert "probe failed" in output
     assert CANARY not in output
     assert "z" * 20 not in output
+
+
+def test_djangos_own_log_handlers_redact_too_with_debug_on(db: None, settings: Any) -> None:
+    # Django configures handlers of its own (the `django` logger's console handler prints
+    # when DEBUG is on, before the record reaches ours; `django.server` logs request lines).
+    settings.DEBUG = True
+    register_secret(CANARY)
+    streams: list[tuple[logging.StreamHandler[Any], Any, io.StringIO]] = []
+    for name in ("django.request", "django.server"):
+        logger: logging.Logger | None = logging.getLogger(name)
+        while logger is not None:
+            for h in logger.handlers:
+                ours = not type(h).__module__.startswith("_pytest")  # not pytest's capture
+                if (
+                    ours
+                    and isinstance(h, logging.StreamHandler)
+                    and h not in [s[0] for s in streams]
+                ):
+                    buffer = io.StringIO()
+                    streams.append((h, h.setStream(buffer), buffer))
+            logger = logger.parent if logger.propagate else None
+    try:
+        logging.getLogger("django.request").error("upstream refused key %s", CANARY)
+        logging.getLogger("django.server").info('"GET /?key=%s HTTP/1.1" 200 1', CANARY)
+    finally:
+        for handler, previous, _ in streams:
+            handler.setStream(previous)
+    outputs = [buffer.getvalue() for _, _, buffer in streams]
+    assert not [o for o in outputs if CANARY in o]
+    assert len([o for o in outputs if "upstream refused key [redacted]" in o]) == 2
+    assert len([o for o in outputs if "GET /?key=[redacted]" in o]) == 1
 
 
 def test_the_database_column_holds_no_plaintext(admin_client: Client) -> None:
