@@ -55,8 +55,18 @@ class SSEParser:
         events: list[Event] = []
         # One decode for all complete lines: a newline byte never sits inside a UTF-8
         # sequence, so this equals decoding line by line.
-        for line in complete.decode("utf-8", errors="replace").split("\n"):
-            self._line(line.rstrip("\r"), events)
+        text = complete.decode("utf-8", errors="replace")
+        lines = text.split("\n")
+        if "\r" in text:
+            lines = [line.rstrip("\r") for line in lines]
+        data_lines = self._data
+        for line in lines:
+            # The common line first, inline (a method call per line was a fifth of the cost).
+            if line.startswith("data:"):
+                data_lines.append(line[6:] if line.startswith(" ", 5) else line[5:])
+            else:
+                self._line(line, events)
+                data_lines = self._data  # a dispatch starts a new list
         return events
 
     def close(self) -> list[Event]:

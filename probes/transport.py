@@ -19,14 +19,16 @@ from __future__ import annotations
 import asyncio
 import functools
 import ipaddress
+import re
 import socket
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
+import h11
 import httpcore2
 import httpx2
 
@@ -205,6 +207,8 @@ HTTPCORE_ERRORS = (
 
 # The response extension under which ProbeTransport hands over httpcore2's body stream.
 CORE_BODY = "routewatch.core_body"
+# The response extension under which _HTTP11 hands over the reader of a chunked body.
+CHUNKED_BODY = "routewatch.chunked_body"
 
 # httpcore2's exceptions as httpx2's, most specific first: what an httpx2 transport raises.
 _MAPPED: tuple[tuple[type[Exception], type[httpx2.TransportError]], ...] = (
@@ -290,12 +294,225 @@ class ProbeTransport(httpx2.AsyncBaseTransport):
         await self.pool.aclose()
 
 
+# A chunk-size line as h11 0.16 takes it (its chunk_header without the CRLF): up to 20 hex
+# digits, extensions ignored, trailing whitespace allowed.
+_CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,20})(?:;.*)?[ \t]*")
+
+
+class ChunkedBody:
+    """A chunked HTTP/1.1 body decoded a read at a time, as h11 0.16 decodes it.
+
+    h11 makes an event per chunk through its state machine, and httpcore2 passes each through
+    three generator layers: at 200 streams that was a quarter of the engine's CPU (py-spy,
+    bench/bench_probes.py). This hands on, per read, all the data the read completes, as soon as
+    it comes (part of a chunk included, as h11 does), so an SSE event is still complete on the
+    read that brought its last byte and carries that read's arrival. From the last chunk's size
+    line on, the raw bytes go back to h11, which reads the trailers, ends the message and keeps
+    the connection's state (keep-alive or close) as if it had read the whole body itself.
+    A framing error is httpcore2's RemoteProtocolError with h11's words, in `failure` once the
+    data before it in the same read is handed on (h11 gives that data first too)."""
+
+    __slots__ = ("_footer", "_left", "_limit", "_pending", "failure")
+
+    def __init__(self, limit: int) -> None:
+        self._pending = b""  # an incomplete chunk-size line
+        self._left = 0  # data bytes of the current chunk still to come
+        self._footer = b""  # what is still to come of the CRLF after a chunk's data
+        self._limit = limit  # the longest incomplete line (h11's max_incomplete_event_size)
+        self.failure: httpcore2.RemoteProtocolError | None = None
+
+    def feed(self, data: bytes) -> tuple[bytes, bytes | None]:
+        """(the body bytes `data` completes, None), or at the last chunk (those bytes, the raw
+        rest of the message from the last chunk's size line on). Nothing more after a failure."""
+        if self._pending:
+            data = self._pending + data
+            self._pending = b""
+        decoded: list[bytes] = []
+        pos, end = 0, len(data)
+        while pos < end:
+            if self._left:
+                upto = min(end, pos + self._left)
+                decoded.append(data[pos:upto])
+                self._left -= upto - pos
+                pos = upto
+                if not self._left:
+                    self._footer = b"\r\n"
+            elif self._footer:
+                got = data[pos : pos + len(self._footer)]
+                if got != self._footer[: len(got)]:
+                    self.failure = httpcore2.RemoteProtocolError(
+                        f"malformed chunk footer: {bytearray(got)!r} (expected {self._footer!r})"
+                    )
+                    break
+                self._footer = self._footer[len(got) :]
+                pos += len(got)
+            else:
+                line_end = data.find(b"\r\n", pos)
+                if line_end < 0:
+                    if end - pos > self._limit:
+                        self.failure = httpcore2.RemoteProtocolError("Receive buffer too long")
+                        break
+                    self._pending = data[pos:]
+                    break
+                found = _CHUNK_SIZE.fullmatch(data, pos, line_end)
+                if found is None:
+                    line = bytearray(data[pos : line_end + 2])
+                    self.failure = httpcore2.RemoteProtocolError(f"illegal chunk header: {line!r}")
+                    break
+                size = int(found[1], 16)
+                if size == 0:
+                    return b"".join(decoded), data[pos:]
+                self._left = size
+                pos = line_end + 2
+        return b"".join(decoded), None
+
+    def at_boundary(self) -> bool:
+        """Whether what was fed ends with a whole chunk (no line, data or CRLF half read)."""
+        return not (self._pending or self._left or self._footer)
+
+    def eof_error(self) -> httpcore2.RemoteProtocolError:
+        """What h11 raises when the connection ends inside the body."""
+        if self._pending:
+            return httpcore2.RemoteProtocolError("peer unexpectedly closed connection")
+        return httpcore2.RemoteProtocolError(
+            "peer closed connection without sending complete message body (incomplete chunked read)"
+        )
+
+
+class _HTTP11(httpcore2.AsyncHTTP11Connection):
+    """httpcore2's HTTP/1.1 connection, reading a chunked response body with ChunkedBody.
+
+    This overrides one private method of httpcore2 2.16 (pinned below 2.17 in pyproject.toml),
+    _receive_response_body, and uses the connection's h11 state and network stream from
+    inside: no public hook lets a body be read without an h11 event per chunk. A body that is
+    not chunked, or whose first bytes came in with the headers (so are in h11's buffer), is
+    read by httpcore2 as before. tests/probes/test_chunked_body.py holds both to h11."""
+
+    _chunked = False
+
+    async def handle_async_request(self, request: httpcore2.Request) -> httpcore2.Response:
+        response = await super().handle_async_request(request)
+        # h11's framing rules: these responses have no body whatever the headers say, and h11
+        # has refused any Transfer-Encoding but chunked already.
+        self._chunked = (
+            response.status >= 200
+            and response.status not in (204, 304)
+            and request.method not in (b"HEAD", b"CONNECT")
+            and any(name.lower() == b"transfer-encoding" for name, _ in response.headers)
+        )
+        if self._chunked:
+            # Read directly by body_chunks: httpcore2's response stream would put two generator
+            # layers of its own on every chunk. Closing the response still goes through it.
+            response.extensions[CHUNKED_BODY] = self._receive_response_body(request)
+        return response
+
+    async def _receive_response_body(self, request: httpcore2.Request) -> AsyncGenerator[bytes]:
+        chunked, self._chunked = self._chunked, False
+        body = ChunkedBody(self.MAX_INCOMPLETE_EVENT_SIZE)
+        first = self._take_buffered(body) if chunked else None
+        if first is not None:
+            if first:
+                yield first
+            timeout = request.extensions.get("timeout", {}).get("read", None)
+            stream = self._network_stream
+            while True:
+                data = await stream.read(self.READ_NUM_BYTES, timeout=timeout)
+                if not data:
+                    raise body.eof_error()
+                decoded, rest = body.feed(data)
+                if decoded:
+                    yield decoded
+                if body.failure is not None:
+                    raise body.failure
+                if rest is not None:
+                    self._h11_state.receive_data(rest)
+                    break
+        async for chunk in super()._receive_response_body(request):
+            yield chunk
+
+    def _take_buffered(self, body: ChunkedBody) -> bytes | None:
+        """The body bytes that came in with the headers (h11 holds them, unread), when they end
+        with a whole chunk: h11 reads them (its state stays true) and ChunkedBody takes over
+        from there. None (h11 reads the whole body) when they end inside a chunk or the body."""
+        held = self._h11_state.trailing_data[0]
+        if not held:
+            return b""
+        decoded, rest = body.feed(held)
+        if rest is not None or body.failure is not None or not body.at_boundary():
+            return None
+        while True:
+            try:
+                event = self._h11_state.next_event()
+            except h11.RemoteProtocolError as exc:  # ChunkedBody took them: not expected
+                raise httpcore2.RemoteProtocolError(str(exc)) from exc
+            if not isinstance(event, h11.Data):
+                break
+        if event is not h11.NEED_DATA:  # ChunkedBody and h11 disagree: not expected
+            raise httpcore2.RemoteProtocolError(f"unexpected {event!r} in a chunked body")
+        return decoded
+
+
+class _Connection(httpcore2.AsyncHTTPConnection):
+    """httpcore2's connection, with _HTTP11 for HTTP/1.1: its handle_async_request (2.16) with
+    that one class changed."""
+
+    async def handle_async_request(self, request: httpcore2.Request) -> httpcore2.Response:
+        if not self.can_handle_request(request.url.origin):
+            raise RuntimeError(
+                f"Attempted to send request to {request.url.origin} on connection to {self._origin}"
+            )
+        try:
+            async with self._request_lock:
+                if self._connection is None:
+                    stream = await self._connect(request)
+                    ssl_object = stream.get_extra_info("ssl_object")
+                    h2 = ssl_object is not None and ssl_object.selected_alpn_protocol() == "h2"
+                    if h2 or (self._http2 and not self._http1):
+                        self._connection = httpcore2.AsyncHTTP2Connection(
+                            origin=self._origin,
+                            stream=stream,
+                            keepalive_expiry=self._keepalive_expiry,
+                        )
+                    else:
+                        self._connection = _HTTP11(
+                            origin=self._origin,
+                            stream=stream,
+                            keepalive_expiry=self._keepalive_expiry,
+                        )
+        except BaseException:
+            self._connect_failed = True
+            raise
+        return await self._connection.handle_async_request(request)
+
+
+class _Pool(httpcore2.AsyncConnectionPool):
+    """httpcore2's pool (no proxy), its connections _Connection."""
+
+    def create_connection(self, origin: httpcore2.Origin) -> httpcore2.AsyncConnectionInterface:
+        return _Connection(
+            origin=origin,
+            ssl_context=self._ssl_context,
+            keepalive_expiry=self._keepalive_expiry,
+            http1=self._http1,
+            http2=self._http2,
+            retries=self._retries,
+            local_address=self._local_address,
+            uds=self._uds,
+            network_backend=self._network_backend,
+            socket_options=self._socket_options,
+        )
+
+
 def body_chunks(response: httpx2.Response) -> AsyncIterator[bytes]:
     """The body as httpcore2 yields it. httpx2's aiter_raw puts generator layers on every chunk
     (~7% of the engine's CPU at 200 streams with httpx 0.28, py-spy) and nothing the engine
     uses: it reads raw bytes and closes the response itself. A response that did not come
-    through ProbeTransport is read with aiter_raw.
+    through ProbeTransport is read with aiter_raw. A chunked HTTP/1.1 body is read by _HTTP11's
+    own reader, without httpcore2's layers; closing the response closes it as before.
     Exceptions: HTTPCORE_ERRORS as well as httpx2's."""
+    chunked: AsyncIterator[bytes] | None = response.extensions.get(CHUNKED_BODY)
+    if chunked is not None:
+        return chunked
     body: CoreBody | None = response.extensions.get(CORE_BODY)
     if body is None:
         return response.aiter_raw()
@@ -317,7 +534,7 @@ def make_client(
 ) -> httpx2.AsyncClient:
     """A client whose connections go through TimedBackend. Creating one costs tens of ms:
     never inside a timed path. HTTP/2 over cleartext (h2c) uses prior knowledge."""
-    pool = httpcore2.AsyncConnectionPool(
+    pool = _Pool(
         ssl_context=ssl_context(verify),
         max_connections=max_connections,
         max_keepalive_connections=max_connections,

@@ -1,0 +1,147 @@
+"""The engine's chunked-body decoder reads every body as h11 does: the same bytes out of the
+same read, and the same framing errors at the same read."""
+
+from __future__ import annotations
+
+import asyncio
+
+import h11
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from probes.transport import ChunkedBody, body_chunks, make_client
+from tests.probes.loopback import LoopbackServer, Reply
+
+LIMIT = 64  # the longest incomplete line, small so that the limit is reached
+
+
+def _h11_in_body() -> h11.Connection:
+    """A client connection that has sent its request and read a chunked response's headers."""
+    conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=LIMIT)
+    conn.send(h11.Request(method="POST", target="/", headers=[("host", "x")]))
+    conn.send(h11.EndOfMessage())
+    conn.receive_data(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+    assert isinstance(conn.next_event(), h11.Response)
+    return conn
+
+
+def _drain(conn: h11.Connection) -> tuple[bytes, str | None, bool]:
+    """(the data h11 has for what it holds, its error, whether the message ended)."""
+    data = b""
+    try:
+        while True:
+            event = conn.next_event()
+            if isinstance(event, h11.Data):
+                data += event.data
+            else:
+                return data, None, event is not h11.NEED_DATA
+    except h11.RemoteProtocolError as exc:
+        return data, str(exc), False
+
+
+def _compare(reads: list[bytes]) -> None:
+    """Feed both, a read at a time: each read gives the same bytes, or the same error, and
+    from the last chunk on, h11 reading the rest ChunkedBody hands back ends as h11 alone."""
+    theirs, ours = _h11_in_body(), ChunkedBody(LIMIT)
+    rest_reader: h11.Connection | None = None
+    for read in reads:
+        theirs.receive_data(read)
+        expected = _drain(theirs)
+        if rest_reader is None:
+            decoded, rest = ours.feed(read)
+            if ours.failure is not None:
+                assert (decoded, str(ours.failure), False) == expected
+                return
+            if rest is None:
+                assert (decoded, None, False) == expected
+                continue
+            rest_reader = _h11_in_body()
+            read = rest
+        else:
+            decoded = b""
+        rest_reader.receive_data(read)
+        data, error, ended = _drain(rest_reader)
+        assert (decoded + data, error, ended) == expected
+        if error is not None or ended:
+            return
+    theirs.receive_data(b"")
+    expected_eof = _drain(theirs)[1]
+    if rest_reader is None:
+        assert str(ours.eof_error()) == expected_eof
+    else:
+        rest_reader.receive_data(b"")
+        assert _drain(rest_reader)[1] == expected_eof
+
+
+def _split(data: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({min(len(data), cut) for cut in cuts})
+    pieces = [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
+    return [piece for piece in pieces if piece]  # an empty read is the end of the stream
+
+
+chunk = st.tuples(
+    st.binary(min_size=1, max_size=40),
+    st.sampled_from(["", ";ext=1", " ", "\t ", ";a", "0"]),
+    st.sampled_from(["x", "X"]),
+)
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    chunks=st.lists(chunk, max_size=8),
+    end=st.sampled_from([b"0\r\n\r\n", b"0;x\r\nx-t: 1\r\n\r\n", b"", b"0\r\n"]),
+    cuts=st.lists(st.integers(min_value=0, max_value=600), max_size=12),
+)
+def test_a_well_formed_body_comes_out_of_the_same_reads_as_with_h11(
+    chunks: list[tuple[bytes, str, str]], end: bytes, cuts: list[int]
+) -> None:
+    wire = b""
+    for data, extension, case in chunks:
+        size = format(len(data), case)
+        if extension == "0":
+            size = "0" + size  # leading zeros
+            extension = ""
+        wire += f"{size}{extension}\r\n".encode() + data + b"\r\n"
+    _compare(_split(wire + end, cuts))
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    wire=st.lists(
+        st.sampled_from([b"5\r\n", b"hello", b"\r\n", b"\r", b"\n", b"zz\r\n", b"0\r\n", b"ff"])
+        | st.binary(max_size=20),
+        max_size=12,
+    ),
+    cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=8),
+)
+def test_any_bytes_fail_or_pass_as_with_h11(wire: list[bytes], cuts: list[int]) -> None:
+    _compare(_split(b"".join(wire), cuts))
+
+
+def test_a_long_chunk_size_line_is_refused_as_h11_refuses_it() -> None:
+    _compare([b"1" * (LIMIT + 1)])
+    _compare([b"f" * 21 + b"\r\n"])
+
+
+def test_a_chunked_stream_leaves_its_connection_reusable() -> None:
+    """The last chunk goes back to h11, which ends the message: the next request goes out on
+    the same connection, and its body comes out whole too."""
+    events = [b"data: one\n\n", b"data: two\n\n"]
+    reply = Reply(200, [("content-type", "text/event-stream")], [(0.01, e) for e in events])
+
+    async def go(url: str) -> tuple[list[bytes], list[object]]:
+        client = make_client(False, True, cleartext=True)
+        bodies, streams = [], []
+        try:
+            for _ in range(2):
+                async with client.stream("POST", url, content=b"{}") as response:
+                    bodies.append(b"".join([part async for part in body_chunks(response)]))
+                    streams.append(response.extensions["network_stream"])
+        finally:
+            await client.aclose()
+        return bodies, streams
+
+    with LoopbackServer(lambda request: reply) as server:
+        bodies, streams = asyncio.run(go(server.url))
+    assert bodies == [b"".join(events)] * 2
+    assert streams[0] is streams[1]
