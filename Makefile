@@ -12,7 +12,7 @@ LOCK_ARGS := --python-version 3.11 --python-platform linux --generate-hashes --c
 TYPECHECK_ENV := SECRET_KEY=typecheck-typecheck-typecheck-typecheck-typecheck-typecheck FIELD_ENCRYPTION_KEYS=YWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWE= \
 	DATABASE_URL=postgresql://typecheck@localhost/typecheck REDIS_URL=redis://localhost:6379/0
 
-.PHONY: install lock run test lint typecheck pytest bench bench-simulator bench-probes bench-scenarios bench-scale bench-pages bench-partitions bench-load vendor clean
+.PHONY: install lock run test lint typecheck pytest bench bench-simulator bench-probes bench-scenarios bench-scale bench-pages bench-partitions bench-load bench-region vendor clean
 
 $(STAMP): pyproject.toml $(LOCK)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -75,9 +75,13 @@ bench-pages: $(STAMP)
 bench-partitions: $(STAMP)
 	$(PY) -m devstack exec -- $(PY) bench/bench_partitions.py $(ARGS)
 
-# The whole pipeline at load against the simulator (ARGS="--scale 3", "--ingest-workers 2").
+# The whole pipeline at load against the simulator, realistic route mix (ARGS="--mix fast", "--scale 3").
 bench-load: $(STAMP)
 	$(PY) -m devstack exec -- $(PY) bench/bench_load.py $(ARGS)
+
+# One region worker process at rising numbers of slow probes in flight: its knee (start lag).
+bench-region: $(STAMP)
+	$(PY) -m devstack exec -- $(PY) bench/bench_region.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
