@@ -4,6 +4,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
+from monitor import logins
 from monitor.pages import views
 
 admin.site.site_header = "Routewatch administration"
@@ -22,8 +23,10 @@ urlpatterns = [
     path("metrics", views.metrics, name="rw-metrics"),
     path("status/", views.status, name="rw-status"),
     path("status/replay-dead-letters", views.replay_dead_letters, name="rw-replay-dead-letters"),
-    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    # Both login doors throttle by client address (monitor.logins) before axes' lockout.
+    path("accounts/login/", logins.throttled(auth_views.LoginView.as_view()), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("admin/login/", logins.throttled(admin.site.login)),
     path("admin/", admin.site.urls),
     path("api/v1/", include("monitor.api.urls")),
     path("", include("monitor.digest.urls")),
