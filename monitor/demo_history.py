@@ -11,11 +11,21 @@ the scheduler's own (monitor.pipeline.slots), at a sparser interval, and every r
 through the real ingest path (monitor.pipeline.ingest.ingest), so rollups, hour strips and the
 reference flags are what live probes make. Races go through monitor.pipeline.races.ingest.
 
-Every row is marked `generated` (ProbeResult, RaceRun); pages say so and can leave it out
-(monitor.pages.common.demo_history). It is never added to a database that holds a measured
-result, and never twice. The history runs up to the moment it is made, so the overview has
-fresh winners until live probes take over; a reader hiding it sees the rollup pages from the
-next hour on (the current hour's rollups hold both).
+A scenario task gets whole runs (hourly, and its last slots on its live schedule): its steps'
+calls drawn one after another on the route as probes.scenario makes them (each call's input
+the document plus the conversation so far, the step's token limit, the scenario's deadline
+stopping a call that would overrun it), stored as monitor.pipeline.scenarios.ingest_scenario
+stores one (a ScenarioResult, its calls as ProbeResult rows through ingest.insert_rows) and
+folded into the rollups by its `rollup_row`, a day of them at a time.
+
+Every row is marked `generated` (ProbeResult, RaceRun, ScenarioResult); pages say so and can
+leave it out (monitor.pages.common.demo_history). It is never added to a database that holds a
+measured result, and never twice. The history runs up to the moment it is made, so the
+overview has fresh winners until live probes take over; a reader hiding it sees the rollup
+pages from the next hour on (the current hour's rollups hold both).
+
+Longer than our modules should be: the scenario runs (at the end) reuse the draws and payloads
+above and are written beside them; they would be the part to move out when it grows.
 """
 
 from __future__ import annotations
@@ -24,11 +34,12 @@ import logging
 import math
 import random
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from monitor import partitions
@@ -38,15 +49,18 @@ from monitor.models import (
     OUTCOME_ERROR,
     OUTCOME_OK,
     PREFIX_STABLE,
+    STEP_FAN_OUT,
     EvalCase,
+    GeneratedSpan,
     OverviewSnapshot,
     ProbeResult,
     RaceRun,
     Region,
     Route,
+    ScenarioResult,
     Task,
 )
-from monitor.pipeline import ingest, races
+from monitor.pipeline import ingest, races, scenarios
 from monitor.pipeline.messages import (
     LaneResult,
     RaceResult,
@@ -56,7 +70,9 @@ from monitor.pipeline.messages import (
 )
 from monitor.pipeline.scheduling import active_eval_cases
 from monitor.pipeline.slots import EPOCH, assignment, options_for, phase_s, slot_number
+from monitor.stats import rollups
 from probes.errors import Kind
+from probes.scenario import MIN_CALL_S
 from simulator.config import Config, Profile
 from simulator.config import Provider as SimProvider
 from simulator.generation import BLOCK_TOKENS, MIN_CACHEABLE_TOKENS, Shape, lognormal_factor
@@ -69,6 +85,9 @@ DAYS = 7
 # write) but dense enough for every hourly chart point's median in each region.
 PROBE_INTERVAL_S = 600
 RACE_INTERVAL_S = 7200
+# A scenario is ten calls or so: hourly runs give each route an app e2e figure in every hour of
+# the charts (per region) at a tenth of the probes' rows.
+SCENARIO_INTERVAL_S = 3600
 
 # The simulator's faults as the probe engine reports them (probes.errors.Kind). Faults that do
 # not fail a probe (a missing usage block, a refused stream_options...) are left out.
@@ -114,9 +133,10 @@ def counterparts(config: Config, routes: list[Route]) -> dict[int, Simulated]:
     return out
 
 
-def request_body(route: Route, task: Task) -> dict[str, Any]:
-    """The model parameters the probe engine sends for this route (what a profile reads)."""
-    body: dict[str, Any] = {route.token_limit_param: route.token_limit(task.max_tokens)}
+def request_body(route: Route, answer_tokens: int) -> dict[str, Any]:
+    """The model parameters the probe engine sends for this route, for an answer of up to
+    `answer_tokens` (a task's or a scenario step's max_tokens): what a profile reads."""
+    body: dict[str, Any] = {route.token_limit_param: route.token_limit(answer_tokens)}
     if route.reasoning_effort:
         body["reasoning_effort"] = route.reasoning_effort
     if route.service_tier:
@@ -128,9 +148,9 @@ def request_body(route: Route, task: Task) -> dict[str, Any]:
     return body
 
 
-def shape_for(sim: Simulated, route: Route, task: Task) -> Shape:
+def shape_for(sim: Simulated, route: Route, answer_tokens: int) -> Shape:
     """How the simulator's model profile reads this route's request."""
-    return PROFILES[sim.profile.profile].read(request_body(route, task), sim.profile).shape
+    return PROFILES[sim.profile.profile].read(request_body(route, answer_tokens), sim.profile).shape
 
 
 def cached_tokens(input_tokens: int, prefix_mode: str) -> int:
@@ -328,7 +348,7 @@ class _Series:
             route=route,
             region=region,
             sim=sim,
-            shape=shape_for(sim, route, task),
+            shape=shape_for(sim, route, task.max_tokens),
             variants=options_for(task, route.provider),
             reference=task.reference(route.provider),
             phase=phase_s(task.pk, route.pk, region.pk, PROBE_INTERVAL_S),
@@ -364,6 +384,7 @@ def has_real_data() -> bool:
     return (
         ProbeResult.objects.filter(generated=False).exists()
         or RaceRun.objects.filter(generated=False).exists()
+        or ScenarioResult.objects.filter(generated=False).exists()
     )
 
 
@@ -387,22 +408,26 @@ def generate(
     rng = random.Random(seed)
     tasks = list(
         Task.objects.filter(is_active=True)
-        .prefetch_related("routes__provider", "regions")
+        .prefetch_related("routes__provider", "regions", "steps")
         .order_by("pk")
     )
     cases = active_eval_cases()
     rtt = rtt_ms or {}
     series = []
+    runs: list[_Runs] = []  # a scenario task's: whole runs, not single probes
     for task in tasks:
-        if task.is_scenario:  # a scenario's history would be whole runs, not single probes
-            continue
         routes = [r for r in task.routes.all() if r.is_active and r.provider.is_active]
         sims = counterparts(config, routes)
         for region in task.regions.filter(is_active=True).order_by("pk"):
             for route in routes:
-                if route.pk in sims:  # else not a simulated route: no profile to draw from
-                    series.append(_Series.of(task, route, region, sims[route.pk], cases[task.pk]))
-    written = 0
+                if route.pk not in sims:  # not a simulated route: no profile to draw from
+                    continue
+                sim, case_list = sims[route.pk], cases[task.pk]
+                if task.is_scenario:
+                    runs.append(_Runs.of(task, route, region, sim, case_list, rtt))
+                else:
+                    series.append(_Series.of(task, route, region, sim, case_list))
+    written = ran_total = 0
     # The history's days get their partitions first (beat creates only the days ahead), so
     # each day is written and analyzed on its own, not into the default partition.
     for n in range(days + 1):
@@ -418,6 +443,9 @@ def generate(
             for when in _slot_times(at, upto, s.phase, PROBE_INTERVAL_S)
         ]
         written += ingest.ingest(results_to_json(pending))
+        due = [(r, when) for r in runs for when in _slot_times(at, upto, r.phase, r.interval_s)]
+        ran, calls = _write_scenarios(due, end, rng)
+        ran_total, written = ran_total + ran, written + calls
         # Statistics for the days just written: the next day's exactly-once check reads them.
         partitions.analyze(at, upto)
         at = upto
@@ -433,13 +461,19 @@ def generate(
             for when in _slot_times(since, end, phase, interval)
         ]
     written += ingest.ingest(results_to_json(tail))
+    # A scenario task's last runs on its live schedule: since its deadline plus an interval,
+    # so one has ended by now however long the route takes (Task.stale_after).
+    ran, calls = _write_scenarios([(r, at) for r in runs for at in r.last_slots(end)], end, rng)
+    ran_total, written = ran_total + ran, written + calls
     raced = _races(tasks, config, start, end, rtt, rng)
     # An overview computed while the history was being written (an open page refreshing
     # itself) lacks most of it: drop it, so the next read has the whole history at once.
     OverviewSnapshot.objects.all().delete()
     log.info(
-        "demo history: %d generated results and %d races from %s to %s",
+        "demo history: %d generated results (scenario calls included), %d scenario runs "
+        "and %d races from %s to %s",
         written,
+        ran_total,
         raced,
         start.isoformat(),
         end.isoformat(),
@@ -473,7 +507,7 @@ def _races(
         draws = {
             route: draw(
                 sims[route.pk],
-                shape_for(sims[route.pk], route, task),
+                shape_for(sims[route.pk], route, task.max_tokens),
                 input_tokens=task.input_tokens,
                 prefix_mode=task.reference(route.provider)[3],
                 graded=False,
@@ -528,3 +562,297 @@ def _lane(
         lane["saved_ms"] = d.e2e_ms - winner_ms
         lane["outcome"] = "cancelled"
     return lane
+
+
+# --- scenario runs ----------------------------------------------------------------------------
+
+# The application's own time around its calls (ms; probes.scenario): building the next prompt
+# before a call (a gap), the engine's return after one (closing the stream, counting tokens),
+# grading the final answer. A warm engine's few milliseconds.
+GAP_MS = 1.5
+RETURN_MS = 1.0
+VALIDATION_MS = 0.3
+_COLUMN = {name: i for i, name in enumerate(ingest.COLUMNS)}
+_TIMEOUTS = {Kind.TIMEOUT_HEADERS.value, Kind.TIMEOUT_FIRST_TOKEN.value, Kind.TIMEOUT_TOTAL.value}
+
+
+def _tokens(text: str) -> int:
+    """About how many tokens a prompt is (four characters a token): the tokenizer takes a
+    second to load, and a few tokens more or less of a step's prompt change no figure here."""
+    return max(1, round(len(text) / 4))
+
+
+@dataclass(frozen=True)
+class _Step:
+    """A scenario step as the route is sent it (monitor.pipeline.scenarios.scenario_message)."""
+
+    calls: int  # 1, or a fan-out's
+    document_tokens: int
+    prompt: str  # its template, `{input}` the eval case's
+    carry_context: bool
+    max_tokens: int  # the answer bound (the route's token limit is sent)
+    shape: Shape
+
+
+@dataclass(frozen=True)
+class _Runs:
+    """One (scenario task, route, region) run through the history."""
+
+    task: Task
+    route: Route
+    region: Region
+    sim: Simulated
+    steps: list[_Step]
+    cases: list[EvalCase]
+    reference: tuple[str, str, str, str]  # what scenarios run (Task.reference)
+    rtt_ms: float
+    phase: float
+    interval_s: int = SCENARIO_INTERVAL_S
+
+    @classmethod
+    def of(
+        cls,
+        task: Task,
+        route: Route,
+        region: Region,
+        sim: Simulated,
+        cases: list[EvalCase],
+        rtt: Mapping[str, float],
+    ) -> _Runs:
+        steps = [
+            _Step(
+                calls=s.fan_out if s.kind == STEP_FAN_OUT else 1,
+                document_tokens=s.input_tokens,
+                prompt=s.prompt_template,
+                carry_context=s.carry_context,
+                max_tokens=s.max_tokens,
+                shape=shape_for(sim, route, s.max_tokens),
+            )
+            for s in task.steps.all()
+        ]
+        return cls(
+            task=task,
+            route=route,
+            region=region,
+            sim=sim,
+            steps=steps,
+            cases=cases,
+            reference=task.reference(route.provider),
+            rtt_ms=rtt.get(region.slug, 0.0),
+            phase=phase_s(task.pk, route.pk, region.pk, SCENARIO_INTERVAL_S),
+        )
+
+    def last_slots(self, end: datetime) -> list[datetime]:
+        """The slots on the task's live schedule in its last interval plus deadline."""
+        interval = self.task.probe_interval_s
+        since = end - timedelta(seconds=interval + self.task.probe_timeout_s)
+        phase = phase_s(self.task.pk, self.route.pk, self.region.pk, interval)
+        hourly = set(_slot_times(since, end, self.phase, self.interval_s))
+        return [at for at in _slot_times(since, end, phase, interval) if at not in hourly]
+
+    def run(self, at: datetime, rng: random.Random) -> tuple[ScenarioResult, list[dict[str, Any]]]:
+        """One scenario from its slot: the result and its calls' payloads (ms after `at`)."""
+        task = self.task
+        n = slot_number(at, self.phase, self.interval_s)
+        case = self.cases[n % len(self.cases)] if self.cases else None
+        deadline_ms = task.probe_timeout_s * 1000.0
+        # monitor.pipeline.worker.spec_for: the first token within 3/4 of the deadline.
+        first_token_ms = min(deadline_ms, max(5000.0, deadline_ms * 0.75))
+        system_tokens = _tokens(task.system_prompt) + 8  # probes.scenario's framing allowance
+        context = 0
+        took_ms = 0.0
+        gaps: list[float] = []
+        calls: list[dict[str, Any]] = []
+        failed: tuple[int, str, str] | None = None
+        passed: bool | None = None
+        for index, step in enumerate(self.steps):
+            gap = GAP_MS * lognormal_factor(0.3, rng)
+            left = deadline_ms - took_ms - gap
+            if left < MIN_CALL_S * 1000.0:
+                late = f"step {index + 1} did not finish within the scenario's deadline of "
+                failed = (index, Kind.TIMEOUT_TOTAL.value, late + f"{task.probe_timeout_s} s")
+                break
+            took_ms += gap
+            gaps.append(gap)
+            prompt = _tokens(step.prompt.replace("{input}", case.input if case else ""))
+            input_tokens = system_tokens + step.document_tokens + prompt
+            input_tokens += context if step.carry_context else 0
+            last = index == len(self.steps) - 1
+            draws = []
+            for _ in range(step.calls):
+                d = draw(
+                    self.sim,
+                    step.shape,
+                    input_tokens=input_tokens,
+                    prefix_mode=PREFIX_STABLE,
+                    graded=last and case is not None,
+                    rtt_ms=self.rtt_ms,
+                    rng=rng,
+                )
+                draws.append(_in_time(d, left, min(first_token_ms, left)))
+            sent = at + timedelta(milliseconds=took_ms)
+            calls += [self._call(d, sent, index, input_tokens) for d, _ in draws]
+            took_ms += max(ms for _, ms in draws) + RETURN_MS
+            bad = [i for i, (d, _) in enumerate(draws) if not d.ok]
+            if bad:
+                kind = draws[bad[0]][0].error_kind
+                where = f" (call {bad[0] + 1} of {step.calls})" if step.calls > 1 else ""
+                failed = (index, kind, f"step {index + 1}{where} failed: a simulated {kind}")
+                break
+            # The conversation so far: the step's prompt and its answers (probes.scenario).
+            context += prompt + sum(d.answer_tokens for d, _ in draws) + 2
+            if last and case is not None:
+                # The ANSWER line is the answer's last: a cut answer (max_tokens) fails.
+                full = self.sim.profile.output_tokens
+                passed = any(bool(d.correct) and d.answer_tokens >= full for d, _ in draws)
+        validation_ms = None
+        if failed is None and case is not None:
+            gap = GAP_MS * lognormal_factor(0.3, rng)
+            gaps.append(gap)
+            validation_ms = VALIDATION_MS
+            took_ms += gap + validation_ms
+        result = ScenarioResult(
+            task=task,
+            route=self.route,
+            region=self.region,
+            slot_at=at,
+            started_at=at,
+            app_e2e_ms=took_ms,
+            calls_e2e_ms=sum(c.get("e2e_ms") or 0.0 for c in calls),
+            gaps_ms=gaps,
+            outcome=OUTCOME_OK if failed is None else OUTCOME_ERROR,
+            failed_step=failed[0] if failed else None,
+            error_kind=failed[1] if failed else "",
+            error_detail=f"generated demo history: {failed[2]}" if failed else "",
+            validation_ms=validation_ms,
+            validation_pass=passed if failed is None else None,
+            eval_case=case,
+            call_count=len(calls),
+            generated=True,
+        )
+        return result, calls
+
+    def _call(self, d: Draw, at: datetime, step: int, input_tokens: int) -> dict[str, Any]:
+        """A call's payload as monitor.pipeline.scenarios.run sends it (no slot of its own)."""
+        call = payload(
+            d,
+            task=self.task,
+            route=self.route,
+            region=self.region,
+            at=at,
+            variant=self.reference,
+            eval_case_id=None,
+            sim=self.sim,
+        )
+        max_tokens = self.route.token_limit(self.steps[step].max_tokens)
+        return {
+            **call,
+            "slot_at": None,
+            "max_tokens": max_tokens,
+            "input_tokens": input_tokens,
+            "step": step,
+            "reference": False,
+        }
+
+
+def _in_time(d: Draw, left_ms: float, first_ms: float) -> tuple[Draw, float]:
+    """A call within what is left of the scenario's deadline (`left_ms`, its first token within
+    `first_ms`): the draw as the engine reports it, and how long the call took. A fault ends
+    the call at its response headers, a stall at its deadline; a call too slow for what is
+    left is stopped there (probes.engine's timeouts)."""
+    if not d.ok:
+        if d.error_kind == Kind.TIMEOUT_HEADERS.value:
+            return d, first_ms
+        if d.error_kind in _TIMEOUTS:
+            return d, left_ms
+        return d, min(d.ttfb_ms or 0.0, left_ms)
+    if d.e2e_ms is not None and d.e2e_ms <= left_ms:
+        return d, d.e2e_ms
+    if d.ttfb_ms is not None and d.ttfb_ms > first_ms:
+        kind, took, ttfb, ttft = Kind.TIMEOUT_HEADERS, first_ms, None, None
+    elif d.ttft_ms is not None and d.ttft_ms > first_ms:
+        kind, took, ttfb, ttft = Kind.TIMEOUT_FIRST_TOKEN, first_ms, d.ttfb_ms, None
+    else:
+        kind, took, ttfb, ttft = Kind.TIMEOUT_TOTAL, left_ms, d.ttfb_ms, d.ttft_ms
+    stopped = replace(
+        d,
+        ok=False,
+        error_kind=kind.value,
+        ttfb_ms=ttfb,
+        ttft_ms=ttft,
+        ttfat_ms=None,
+        e2e_ms=None,
+        answer_tokens=0,
+        reasoning_tokens=0,
+        hidden_reasoning_tokens=0,
+        correct=None,
+    )
+    return stopped, took
+
+
+def _write_scenarios(
+    due: list[tuple[_Runs, datetime]], end: datetime, rng: random.Random
+) -> tuple[int, int]:
+    """Run the due scenarios and store them as ingest_scenario does: each ScenarioResult with
+    its calls' totals, its calls as ProbeResult rows (not folded in one by one), the scenario
+    folded into the rollups by its rollup_row. A run that would end after `end` is still
+    running: left out. Returns how many runs and calls were written."""
+    made: list[tuple[ScenarioResult, list[tuple[Any, ...]]]] = []
+    for runs, at in due:
+        result, calls = runs.run(at, rng)
+        if at + timedelta(milliseconds=result.app_e2e_ms or 0.0) > end:
+            continue
+        rows = [ingest.row_from_payload(c, {runs.route.pk: runs.route}, end) for c in calls]
+        _add_totals(result, rows)
+        made.append((result, rows))
+    if not made:
+        return 0, 0
+    with transaction.atomic():
+        stored = _copy_scenarios([result for result, _ in made])
+        i = _COLUMN["scenario_id"]
+        linked = [
+            (*row[:i], result.pk, *row[i + 1 :])
+            for result, (_, rows) in zip(stored, made, strict=True)
+            for row in rows
+        ]
+        inserted = ingest.insert_rows(linked)
+        started = [row[_COLUMN["started_at"]] for row in linked]
+        if started:  # the pages' one-row record of the generated history (as ingest keeps it)
+            GeneratedSpan.widen(min(started), max(started))
+        rollups.apply([scenarios.rollup_row(result) for result in stored])
+    return len(stored), len(inserted)
+
+
+def _copy_scenarios(results: list[ScenarioResult]) -> list[ScenarioResult]:
+    """Insert the results with COPY, their ids drawn from the table's sequence first (a
+    bulk_create's statement binds every value in Python: seconds for a day of runs)."""
+    table = ScenarioResult._meta.db_table
+    fields = ScenarioResult._meta.concrete_fields
+    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)",
+            [table, len(results)],
+        )
+        for result, (pk,) in zip(results, cursor.fetchall(), strict=True):
+            result.pk = pk
+        with (
+            connection.wrap_database_errors,
+            cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy,
+        ):
+            for result in results:
+                copy.write_row([getattr(result, f.attname) for f in fields])
+    return results
+
+
+def _add_totals(result: ScenarioResult, rows: list[tuple[Any, ...]]) -> None:
+    """The calls' tokens and cost on the scenario, as ingest_scenario sums them."""
+
+    def column(name: str) -> list[Any]:
+        return [row[_COLUMN[name]] for row in rows if row[_COLUMN[name]] is not None]
+
+    cached = column("cached_tokens")
+    result.input_tokens = sum(column("input_tokens"))
+    result.output_tokens = sum(column("output_tokens"))
+    result.cached_tokens = sum(cached) if cached else None
+    result.cost_usd = sum(column("cost_usd"), Decimal("0"))

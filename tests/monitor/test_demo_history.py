@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+import time_machine
 from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.db import connection
@@ -29,6 +30,7 @@ from monitor.models import (
     Region,
     Rollup,
     Route,
+    ScenarioResult,
     Task,
 )
 from monitor.pages.common import HIDE_GENERATED_COOKIE
@@ -101,7 +103,8 @@ def test_a_fresh_demo_gets_a_week_of_history_quickly_and_every_page_shows_it_mar
     assert timezone.now() - last.started_at < timedelta(minutes=15)
     # Through the real ingest path: rollups, reference flags, races.
     assert Rollup.objects.filter(grain="hour", region__isnull=True).count() > 1000
-    assert results.filter(reference=True).count() * 3 > results.count()
+    probes = results.filter(scenario__isnull=True)  # a scenario's calls rank nothing
+    assert probes.filter(reference=True).count() * 3 > probes.count()
     assert RaceRun.objects.filter(generated=True, status="done", winner__isnull=False).exists()
     assert not RaceRun.objects.filter(generated=False).exists()
 
@@ -161,8 +164,11 @@ def test_generated_figures_follow_the_simulators_profiles(demo: float) -> None:
     assert frontier is not None
     assert frontier.ttfat_ms is not None
     assert frontier.ttfat_ms > 2800 / 60 * 1000 * 0.7
-    # Faults at their configured rates show as errors of the engine's kinds.
-    errors = ProbeResult.objects.filter(route__model_id="frontier-reasoner", outcome="error")
+    # Faults at their configured rates show as errors of the engine's kinds (single probes:
+    # a scenario's calls also meet its deadline).
+    errors = ProbeResult.objects.filter(
+        route__model_id="frontier-reasoner", outcome="error", scenario__isnull=True
+    )
     kinds = set(errors.values_list("error_kind", flat=True))
     assert kinds <= {"http_5xx", "stream_error"}
     assert kinds
@@ -264,3 +270,76 @@ def test_a_region_worker_cannot_mark_its_results_generated(demo: float) -> None:
     assert written == 1
     assert ProbeResult.objects.get(slot_at=now).generated is False
     assert demo_history.has_real_data()
+
+
+def test_a_scenario_task_gets_whole_runs_marked_and_hidden_like_the_rest(
+    demo: float, client: Client, teammate: User
+) -> None:
+    """The agent loop's runs: app e2e per route in every region on the task page's panel (its
+    rollups, as ingest folds a scenario), each run as long as its calls one after another,
+    every row marked generated and gone from the panel when generated history is hidden."""
+    task = Task.objects.get(slug="agent-loop-10")
+    runs = ScenarioResult.objects.filter(task=task)
+    assert runs.count() > 7 * 24 * 8 * 3 * 0.9
+    assert not runs.filter(generated=False).exists()
+    calls = ProbeResult.objects.filter(task=task)
+    assert calls.count() == sum(runs.values_list("call_count", flat=True))
+    assert not calls.filter(scenario__isnull=True).exists()
+    assert not calls.filter(generated=False).exists()
+    # Fresh until live probes take over: each route's last run in each region is recent.
+    for route in task.routes.all():
+        for place in Region.objects.all():
+            last = runs.filter(route=route, region=place).order_by("-started_at").first()
+            assert last is not None
+            assert timezone.now() - last.started_at < task.stale_after(), (route, place)
+
+    client.force_login(teammate)
+    reasoner = Route.objects.get(model_id="frontier-reasoner")
+    regions: list[Region | None] = [None, *Region.objects.order_by("pk")]
+    for region in regions:
+        params = {"region": region.slug} if region else {}
+        page = client.get(reverse("rw-task", args=[task.slug]), params)
+        assert page.status_code == 200
+        lines = {line.route: line for line in page.context["page"].scenario.lines}
+        assert set(lines) == set(task.routes.all())
+        for route, line in lines.items():
+            if route == reasoner:
+                continue
+            assert line.p50.point is not None, (route, region)
+            # Its calls one after another: about what the calculator says from their medians
+            # (more, as measured runs do: a queue's slow draws add up over ten calls).
+            assert line.ratio is not None
+            assert 0.9 < line.ratio < 1.6, (route, region, line.ratio)
+        # Ten calls of about 55 s each do not fit the task's 300 s deadline: the reasoning
+        # route's runs last minutes and stop there, as live ones would.
+        assert lines[reasoner].p50.point is None
+    stopped = runs.filter(route=reasoner)
+    assert not stopped.filter(outcome=OUTCOME_OK).exists()
+    assert stopped.filter(error_kind__startswith="timeout", app_e2e_ms__gt=240_000).count() > (
+        stopped.count() * 0.8
+    )
+    wafer = runs.filter(route__model_id="wafer-llama-70b", outcome=OUTCOME_OK).first()
+    assert wafer is not None
+    assert wafer.app_e2e_ms is not None
+    assert wafer.calls_e2e_ms is not None
+    assert wafer.call_count == 10
+    assert wafer.calls_e2e_ms < wafer.app_e2e_ms < wafer.calls_e2e_ms + 100
+    assert wafer.validation_pass is not None
+
+    # The overview ranks it by app e2e at once, a winner in each region.
+    overview = client.get(reverse("rw-overview")).content.decode()
+    card = overview.split(f'data-task="{task.slug}"')[1].split("</article>")[0]
+    assert card.count('<td class="route"><a href="/routes/') == 3, card
+
+    # Hidden: pages read rollups from the hour after the history (the current hour's hold
+    # both), and the probe log leaves out its calls.
+    info = page_demo_history(None)
+    assert info is not None
+    with time_machine.travel(info.end + timedelta(minutes=10), tick=False):
+        url = reverse("rw-task", args=[task.slug])
+        shown = client.get(url).context["page"].scenario
+        assert sum(line.p50.point is not None for line in shown.lines) == 7
+        client.post(reverse("rw-demo-history"), {"hide": "1"})
+        hidden = client.get(url).context["page"].scenario
+        assert all(line.p50.point is None for line in hidden.lines)
+    assert 'class="tag generated"' not in client.get(reverse("rw-log")).content.decode()
