@@ -375,8 +375,10 @@ def _loop_time(perf_deadline: float) -> float:
 
 
 async def _close_quietly(response: httpx2.Response) -> None:
+    # asyncio.timeout, not wait_for: no task of its own for every probe.
     with contextlib.suppress(httpx2.HTTPError, *HTTPCORE_ERRORS, OSError, TimeoutError):
-        await asyncio.wait_for(response.aclose(), 2.0)
+        async with asyncio.timeout(2.0):
+            await response.aclose()
 
 
 def _fail(result: ProbeResult, failure: ProbeError, spec: ProbeSpec) -> None:

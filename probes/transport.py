@@ -328,23 +328,24 @@ class ChunkedBody:
             data = self._pending + data
             self._pending = b""
         decoded: list[bytes] = []
+        left, footer = self._left, self._footer  # locals: this runs for every read
         pos, end = 0, len(data)
         while pos < end:
-            if self._left:
-                upto = min(end, pos + self._left)
+            if left:
+                upto = min(end, pos + left)
                 decoded.append(data[pos:upto])
-                self._left -= upto - pos
+                left -= upto - pos
                 pos = upto
-                if not self._left:
-                    self._footer = b"\r\n"
-            elif self._footer:
-                got = data[pos : pos + len(self._footer)]
-                if got != self._footer[: len(got)]:
+                if not left:
+                    footer = b"\r\n"
+            elif footer:
+                got = data[pos : pos + len(footer)]
+                if got != footer[: len(got)]:
                     self.failure = httpcore2.RemoteProtocolError(
-                        f"malformed chunk footer: {bytearray(got)!r} (expected {self._footer!r})"
+                        f"malformed chunk footer: {bytearray(got)!r} (expected {footer!r})"
                     )
                     break
-                self._footer = self._footer[len(got) :]
+                footer = footer[len(got) :]
                 pos += len(got)
             else:
                 line_end = data.find(b"\r\n", pos)
@@ -361,10 +362,12 @@ class ChunkedBody:
                     break
                 size = int(found[1], 16)
                 if size == 0:
+                    self._left, self._footer = left, footer
                     return b"".join(decoded), data[pos:]
-                self._left = size
+                left = size
                 pos = line_end + 2
-        return b"".join(decoded), None
+        self._left, self._footer = left, footer
+        return (decoded[0] if len(decoded) == 1 else b"".join(decoded)), None
 
     def at_boundary(self) -> bool:
         """Whether what was fed ends with a whole chunk (no line, data or CRLF half read)."""
@@ -408,48 +411,57 @@ class _HTTP11(httpcore2.AsyncHTTP11Connection):
 
     async def _receive_response_body(self, request: httpcore2.Request) -> AsyncGenerator[bytes]:
         chunked, self._chunked = self._chunked, False
+        timeout = request.extensions.get("timeout", {}).get("read", None)
         body = ChunkedBody(self.MAX_INCOMPLETE_EVENT_SIZE)
-        first = self._take_buffered(body) if chunked else None
-        if first is not None:
-            if first:
-                yield first
-            timeout = request.extensions.get("timeout", {}).get("read", None)
-            stream = self._network_stream
-            while True:
-                data = await stream.read(self.READ_NUM_BYTES, timeout=timeout)
-                if not data:
-                    raise body.eof_error()
-                decoded, rest = body.feed(data)
-                if decoded:
-                    yield decoded
-                if body.failure is not None:
-                    raise body.failure
-                if rest is not None:
-                    self._h11_state.receive_data(rest)
-                    break
+        h11_state, stream = self._h11_state, self._network_stream
+        data = h11_state.trailing_data[0] if chunked else b""
+        # What h11 holds (it came in with the headers) is h11's to read, and so is each read
+        # after it until one ends with a whole chunk: ChunkedBody follows along only to tell
+        # where that is. From there on, ChunkedBody reads.
+        while chunked and data:
+            _, rest = body.feed(data)
+            if rest is not None or body.failure is not None:
+                chunked = False  # h11 holds the end of the body, or an error: it reads on
+                break
+            held = _h11_data(h11_state)
+            if held:
+                yield held
+            if body.at_boundary():
+                break
+            data = await stream.read(self.READ_NUM_BYTES, timeout=timeout)
+            h11_state.receive_data(data)
+            chunked = bool(data)  # at the end of the stream, h11 says what is missing
+        while chunked:
+            data = await stream.read(self.READ_NUM_BYTES, timeout=timeout)
+            if not data:
+                raise body.eof_error()
+            decoded, rest = body.feed(data)
+            if decoded:
+                yield decoded
+            if body.failure is not None:
+                raise body.failure
+            if rest is not None:
+                h11_state.receive_data(rest)
+                break
         async for chunk in super()._receive_response_body(request):
             yield chunk
 
-    def _take_buffered(self, body: ChunkedBody) -> bytes | None:
-        """The body bytes that came in with the headers (h11 holds them, unread), when they end
-        with a whole chunk: h11 reads them (its state stays true) and ChunkedBody takes over
-        from there. None (h11 reads the whole body) when they end inside a chunk or the body."""
-        held = self._h11_state.trailing_data[0]
-        if not held:
-            return b""
-        decoded, rest = body.feed(held)
-        if rest is not None or body.failure is not None or not body.at_boundary():
-            return None
-        while True:
-            try:
-                event = self._h11_state.next_event()
-            except h11.RemoteProtocolError as exc:  # ChunkedBody took them: not expected
-                raise httpcore2.RemoteProtocolError(str(exc)) from exc
-            if not isinstance(event, h11.Data):
-                break
-        if event is not h11.NEED_DATA:  # ChunkedBody and h11 disagree: not expected
-            raise httpcore2.RemoteProtocolError(f"unexpected {event!r} in a chunked body")
-        return decoded
+
+def _h11_data(conn: h11.Connection) -> bytes:
+    """The body data h11 can read from what it holds, which ChunkedBody found to be whole
+    chunks (so neither an error nor the end of the body is expected)."""
+    data = []
+    while True:
+        try:
+            event = conn.next_event()
+        except h11.RemoteProtocolError as exc:
+            raise httpcore2.RemoteProtocolError(str(exc)) from exc
+        if not isinstance(event, h11.Data):
+            break
+        data.append(bytes(event.data))
+    if event is not h11.NEED_DATA:
+        raise httpcore2.RemoteProtocolError(f"unexpected {event!r} in a chunked body")
+    return b"".join(data)
 
 
 class _Connection(httpcore2.AsyncHTTPConnection):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import h11
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -144,4 +145,64 @@ def test_a_chunked_stream_leaves_its_connection_reusable() -> None:
     with LoopbackServer(lambda request: reply) as server:
         bodies, streams = asyncio.run(go(server.url))
     assert bodies == [b"".join(events)] * 2
+    assert streams[0] is streams[1]
+
+
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+ONE = b"b\r\ndata: one\n\n\r\n"
+TWO = b"b\r\ndata: two\n\n\r\n"
+END = b"0\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    "writes",
+    [
+        [HEAD, ONE, TWO, END],
+        [HEAD + ONE, TWO, END],  # a whole chunk came in with the headers
+        [HEAD + ONE[:7], ONE[7:] + TWO[:3], TWO[3:], END],  # half of one
+        [HEAD + ONE[:-1], ONE[-1:] + TWO, END],  # all but the last byte of its CRLF
+        [HEAD + ONE + TWO + END],  # the whole body
+        [HEAD, ONE + TWO[:5], TWO[5:] + b"0\r\nx-trailer: 1\r\n", b"\r\n"],
+    ],
+)
+def test_a_body_split_anywhere_comes_out_whole_and_the_connection_is_reused(
+    writes: list[bytes],
+) -> None:
+    """However the reads fall against the headers and the chunks (h11 reading what came with
+    the headers, ChunkedBody from the first whole chunk on), the body is the same, and the
+    next request goes out on the same connection."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for _ in range(2):
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(
+                int(line.split(b":")[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            )
+            await reader.readexactly(length)
+            for data in writes:
+                writer.write(data)
+                await writer.drain()
+                await asyncio.sleep(0.02)
+        writer.close()
+
+    async def go() -> tuple[list[bytes], list[object]]:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = make_client(False, True, cleartext=True)
+        bodies, streams = [], []
+        try:
+            for _ in range(2):
+                url = f"http://127.0.0.1:{port}/"
+                async with client.stream("POST", url, content=b"{}") as response:
+                    bodies.append(b"".join([part async for part in body_chunks(response)]))
+                    streams.append(response.extensions["network_stream"])
+        finally:
+            await client.aclose()
+            server.close()
+        return bodies, streams
+
+    bodies, streams = asyncio.run(go())
+    assert bodies == [b"data: one\n\ndata: two\n\n"] * 2
     assert streams[0] is streams[1]
