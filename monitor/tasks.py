@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import Task, shared_task
-from celery.signals import worker_ready
+from celery.signals import worker_init, worker_ready
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 from django.db.models import F
@@ -51,6 +51,7 @@ from monitor.pipeline.messages import (
     results_to_json,
     scenario_payload_to_json,
 )
+from probes.tokenizer import count_tokens
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +157,14 @@ def _start_stalled_ingest_taker(sender: Any = None, **_: Any) -> None:
             lambda: queues.take_back_stalled(stalled),
             "stalled-ingest-taker",
         )
+
+
+@worker_init.connect
+def _warm_the_engine(**_: Any) -> None:
+    """A region worker loads what its first probe would otherwise load on the probe loop (the
+    tokenizer's tables: seconds on a busy machine, while every other probe waits)."""
+    if settings.RW_REGION:
+        count_tokens("warm up")
 
 
 @worker_ready.connect

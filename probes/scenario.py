@@ -209,7 +209,17 @@ async def _run(scenario: Scenario, out: ScenarioResult, t0: float) -> None:
             return
         started = min((r.t0_perf for r in results if r.t0_perf is not None), default=None)
         out.gaps_ms.append(((started if started is not None else returned) - returned) * 1000.0)
-        returned = time.perf_counter()
+        # A gap runs from the step's last answer byte (a call's end), not from when this
+        # coroutine resumed: on a process carrying many probes the loop may take a while to
+        # come back here, and that wait is the application's time between calls.
+        returned = max(
+            (
+                r.t0_perf + r.e2e_ms / 1000.0
+                for r in results
+                if r.t0_perf is not None and r.e2e_ms is not None
+            ),
+            default=time.perf_counter(),
+        )
         for branch, result in enumerate(results):
             offset = (result.t0_perf - t0) * 1000.0 if result.t0_perf is not None else 0.0
             out.calls.append(Call(index, branch, offset, result))

@@ -44,7 +44,7 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import Collector
 
 from monitor.models import GRAIN_DAY, GRAIN_HOUR, Heartbeat, Region, Route, Task
-from monitor.pages import overview
+from monitor.pages import monitoring, overview
 from monitor.pipeline import queues
 from monitor.pipeline.ingest import REJECTED_COUNTER
 from monitor.stats import hist, rollups
@@ -220,6 +220,7 @@ class RollupCollector(Collector):
         yield from _winners(self.now, routes)
         yield from _heartbeats()
         yield from _queues([g.queue_name for g in regions])
+        yield from _schedules(self.now)
 
 
 def _counters(series: list[tuple[list[str], Stats]]) -> Iterator[Metric]:
@@ -464,6 +465,69 @@ def _queues(region_queues: Sequence[str]) -> Iterator[Metric]:
         unacked.add_metric([], figures["unacked"])
         letters.add_metric([], figures["dead_letters"])
     yield from (up, depth, unacked, letters)
+
+
+def _schedules(now: datetime) -> Iterator[Metric]:
+    """Monitoring health per region (monitor.pages.monitoring, the Status page's table): is
+    each region keeping its schedule, and do its workers live."""
+    slots = GaugeMetricFamily(
+        "routewatch_region_slots",
+        "Live slots of a region over a trailing window (1h, 24h) by state: probed (the probe "
+        "ran, ok or error), missed (no result by the deadline, or not started: too late), late "
+        "(of the missed, those not started because past the start-lag bound).",
+        labels=["region", "window", "state"],
+    )
+    lag_p50, lag_p99 = (
+        GaugeMetricFamily(
+            f"routewatch_region_start_lag_{q}_seconds",
+            f"The {q} of planned start to actual start of a region's probes over the last "
+            "hour (absent with too few probes).",
+            labels=["region"],
+        )
+        for q in ("p50", "p99")
+    )
+    open_slots = GaugeMetricFamily(
+        "routewatch_region_open_slots",
+        "Slots sent to a region and not yet closed (no result yet, deadline not passed).",
+        labels=["region"],
+    )
+    live = GaugeMetricFamily(
+        "routewatch_region_workers_live",
+        "Region workers whose liveness beacon is current (absent when the broker is down).",
+        labels=["region"],
+    )
+    in_flight = GaugeMetricFamily(
+        "routewatch_region_probes_in_flight",
+        "Probes (and scenarios) a region's live workers are running now.",
+        labels=["region"],
+    )
+    capacity = GaugeMetricFamily(
+        "routewatch_region_probe_capacity",
+        "The bound on probes in flight of a region's live workers (RW_PROBES_IN_FLIGHT each).",
+        labels=["region"],
+    )
+    seen = GaugeMetricFamily(
+        "routewatch_region_worker_last_seen_timestamp_seconds",
+        "Unix time a worker of the region last wrote its beacon (the worker's clock).",
+        labels=["region"],
+    )
+    for h in monitoring.regions_health(now):
+        slug = h.region.slug
+        for window, schedule in (("1h", h.hour), ("24h", h.day)):
+            slots.add_metric([slug, window, "probed"], schedule.probed)
+            slots.add_metric([slug, window, "missed"], schedule.missed)
+            slots.add_metric([slug, window, "late"], schedule.late)
+        for family, value in ((lag_p50, h.hour.lag_p50), (lag_p99, h.hour.lag_p99)):
+            if value is not None:
+                family.add_metric([slug], value / 1000)
+        open_slots.add_metric([slug], h.open_slots)
+        if h.workers is not None:
+            live.add_metric([slug], len(h.workers))
+            in_flight.add_metric([slug], h.in_flight)
+            capacity.add_metric([slug], h.capacity)
+        if (at := h.worker_seen_at) is not None:
+            seen.add_metric([slug], at.timestamp())
+    yield from (slots, lag_p50, lag_p99, open_slots, live, in_flight, capacity, seen)
 
 
 def exposition(accept: str, now: datetime) -> tuple[bytes, str]:

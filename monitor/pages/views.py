@@ -33,6 +33,7 @@ from monitor.models import (
 )
 from monitor.pages import log as pages_log
 from monitor.pages import metrics as pages_metrics
+from monitor.pages import monitoring
 from monitor.pages import overview as overview_data
 from monitor.pages import races as pages_races
 from monitor.pages import regions as pages_regions
@@ -114,6 +115,8 @@ def overview(request: HtmxHttpRequest) -> HttpResponse:
         "rendered_at": now,
         "checklist": None if data.rows else setup_checklist(),
         "cap_notices": _cap_notices(Task.objects.filter(is_active=True), now),
+        # Regions missing slots or without a live worker, with the cause (never silent).
+        "health_problems": monitoring.banner(now),
     }
     # Its only htmx request is the refresh of the body.
     template = "front/overview.html#overview-body" if request.htmx else "front/overview.html"
@@ -310,6 +313,8 @@ def status(request: HtmxHttpRequest) -> HttpResponse:
         ],
         "tick": Heartbeat.objects.filter(name="tick").first(),
         "cap_notices": _cap_notices(Task.objects.filter(is_active=True), now),
+        "regions": monitoring.regions_health(now),
+        "lag_bound_s": settings.START_LAG_MAX_SECONDS,
         "now": now,
     }
     return render(request, "front/status.html", ctx)

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 PREFIX = "rw:worker:"
 # A worker writes its beacon this often; it lives three beats.
-BEAT_SECONDS = 5.0
+BEAT_SECONDS = 2.0
 TTL_SECONDS = 3 * BEAT_SECONDS
 
 

@@ -301,7 +301,7 @@ def probe_batch_to_json(batch: ProbeBatch) -> JsonObject:
     out: JsonObject = {"region": batch["region"], "probes": [dict(p) for p in batch["probes"]]}
     for key in ("planned_at", "window_s"):
         if key in batch:
-            out[key] = batch[key]  # type: ignore[literal-required]
+            out[key] = batch[key]
     return out
 
 
@@ -373,7 +373,7 @@ def probe_batch_from_json(
             or not (math.isfinite(value) and value >= 0)
         ):
             raise ContractError(f"batch.{key}: expected a finite number >= 0")
-        batch[key] = float(value)  # type: ignore[literal-required]
+        batch[key] = float(value)
     return batch
 
 

@@ -123,6 +123,14 @@ class Schedule:
         return hist.percentile(self.lag_pairs, q, LAG_SCALE)
 
     @property
+    def lag_p50(self) -> float | None:
+        return self.lag_ms(50)
+
+    @property
+    def lag_p99(self) -> float | None:
+        return self.lag_ms(99)
+
+    @property
     def lag_samples(self) -> int:
         return hist.total(self.lag_pairs)
 

@@ -366,6 +366,8 @@ def test_labels_are_bounded_slugs_ids_and_kinds(reader: Client, probed_world: Wo
         "queue",
         "provider",
         "model",
+        "window",  # 1h or 24h (routewatch_region_slots)
+        "state",  # probed, missed or late
     }
     providers = {dict(k)["provider"] for k in series(body, "routewatch_route_info")}
     assert providers == {"fastchip", "claudish", "limited"}  # slugs, not display names

@@ -1,0 +1,160 @@
+"""Monitoring health in plain sight: is each region keeping its schedule, and if not, why.
+
+Per region: slots due, probed and missed over the last hour and day (monitor.stats.health, the
+minutes ingest keeps), the start lag's p50 and p99, the slots still open, the batches waiting in
+its queue, the probes its workers carry and when one was last seen (their beacons,
+monitor.pipeline.liveness). The Status page shows the table, `/metrics` exports it, and the
+overview's banner names every region that misses more than 1% of its slots or has no live
+worker, with the cause.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import redis
+from django.db.models import Count, Q
+
+from monitor.models import SLOT_DISPATCHED, Heartbeat, ProbeSlot, Region
+from monitor.pipeline import liveness, queues
+from monitor.pipeline.ingest import region_heartbeat
+from monitor.stats import health
+
+HOUR = timedelta(hours=1)
+DAY = timedelta(hours=24)
+
+
+@dataclass
+class RegionHealth:
+    region: Region
+    hour: health.Schedule
+    day: health.Schedule
+    open_slots: int  # sent, no result yet, deadline not passed
+    overdue: int  # open past their deadline: the sweep records them missed within a tick
+    queue_depth: int | None  # None: the broker does not answer
+    workers: list[liveness.Beacon] | None  # None: the broker does not answer
+    last_result_at: datetime | None  # the last results its workers delivered to ingest
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def in_flight(self) -> int:
+        return sum(w["in_flight"] for w in self.workers or [])
+
+    @property
+    def capacity(self) -> int:
+        return sum(w["capacity"] for w in self.workers or [])
+
+    @property
+    def holding(self) -> int:
+        return sum(w["holding"] for w in self.workers or [])
+
+    @property
+    def threads(self) -> int:
+        return sum(w["threads"] for w in self.workers or [])
+
+    @property
+    def worker_seen_at(self) -> datetime | None:
+        seen = [w["seen_at"] for w in self.workers or []]
+        return datetime.fromtimestamp(max(seen), UTC) if seen else None
+
+    @property
+    def saturated(self) -> bool:
+        """Its workers cannot take more now: every probe or every thread in use."""
+        return bool(self.workers) and (
+            self.in_flight >= self.capacity or (self.threads > 0 and self.holding >= self.threads)
+        )
+
+    @property
+    def missed_pct(self) -> float | None:
+        share = self.hour.missed_share
+        return None if share is None else share * 100
+
+
+def _cause(h: RegionHealth) -> str:
+    """Why a region misses slots, from what its figures show."""
+    if h.workers == []:
+        return "it has no live worker"
+    if h.saturated or (h.hour.late and h.hour.late * 2 >= h.hour.missed):
+        return "its workers are saturated (probes started too late to count)"
+    if h.queue_depth:
+        return f"{h.queue_depth} batches wait in its queue"
+    return "results did not arrive by their slots' deadlines (broker, ingest or network)"
+
+
+def _problems(h: RegionHealth, now: datetime) -> list[str]:
+    slug = h.region.slug
+    out = []
+    share = h.hour.missed_share
+    if share is not None and share > health.MISSED_SHARE_MAX:
+        out.append(f"{slug}: {share:.0%} of slots missed in the last hour; {_cause(h)}")
+    if h.workers == []:
+        seen = h.last_result_at
+        since = f"; results last arrived {_ago(now - seen)} ago" if seen else ""
+        out.append(f"{slug}: no live worker{since}")
+    elif h.saturated and not out:
+        out.append(f"{slug}: its workers are saturated ({h.in_flight} probes in flight)")
+    return out
+
+
+def _ago(delta: timedelta) -> str:
+    s = int(delta.total_seconds())
+    if s < 120:
+        return f"{s} s"
+    if s < 7200:
+        return f"{s // 60} min"
+    return f"{s // 3600} h"
+
+
+def scheduled_regions() -> list[Region]:
+    """Active regions that some active task probes from."""
+    return list(
+        Region.objects.filter(is_active=True, tasks__is_active=True).distinct().order_by("name")
+    )
+
+
+def regions_health(now: datetime, regions: list[Region] | None = None) -> list[RegionHealth]:
+    regions = scheduled_regions() if regions is None else regions
+    if not regions:
+        return []
+    hour = health.schedules(now, HOUR)
+    day = health.schedules(now, DAY, with_lags=False)
+    ids = [g.pk for g in regions]
+    open_by = {
+        region_id: (n, overdue)
+        for region_id, n, overdue in ProbeSlot.objects.filter(
+            status=SLOT_DISPATCHED, region_id__in=ids
+        )
+        .values("region_id")
+        .annotate(n=Count("id"), overdue=Count("id", filter=Q(deadline_at__lt=now)))
+        .values_list("region_id", "n", "overdue")
+    }
+    seen = {
+        hb.name: hb.last_seen
+        for hb in Heartbeat.objects.filter(name__in=[region_heartbeat(i) for i in ids])
+    }
+    beacons = liveness.live_workers()
+    try:
+        depths: dict[str, int] | None = queues.depths(g.queue_name for g in regions)
+    except redis.RedisError:
+        depths = None
+    out = []
+    for g in regions:
+        h = RegionHealth(
+            region=g,
+            hour=hour.get(g.pk, health.Schedule(health.minute_of(now - HOUR))),
+            day=day.get(g.pk, health.Schedule(health.minute_of(now - DAY))),
+            open_slots=open_by.get(g.pk, (0, 0))[0],
+            overdue=open_by.get(g.pk, (0, 0))[1],
+            queue_depth=None if depths is None else depths.get(g.queue_name, 0),
+            workers=None if beacons is None else beacons.get(g.slug, []),
+            last_result_at=seen.get(region_heartbeat(g.pk)),
+        )
+        h.problems = _problems(h, now)
+        out.append(h)
+    return out
+
+
+def banner(now: datetime) -> list[str]:
+    """The overview's banner: one line per problem, naming the region and its cause."""
+    return [p for h in regions_health(now) for p in h.problems]
