@@ -12,6 +12,11 @@ variable, since httpcore2 opens connections in the task that sends the request.
 The backend reaches httpcore2's connection pool through its public `network_backend=`
 argument; httpx2's own AsyncHTTPTransport takes no backend, so ProbeTransport is an httpx2
 transport (its public transport API) over that pool.
+
+A chunked HTTP/1.1 response body (every SSE stream over HTTP/1.1) is decoded by ChunkedBody, a
+read at a time, rather than by h11 an event per chunk: the pool's HTTP/1.1 connections are
+_HTTP11, the one place that reaches inside httpcore2 (see there). It is the engine's hot path
+at 200 streams, kept beside the transport it serves; hence a module a little past 600 lines.
 """
 
 from __future__ import annotations
@@ -388,8 +393,8 @@ class _HTTP11(httpcore2.AsyncHTTP11Connection):
     This overrides one private method of httpcore2 2.16 (pinned below 2.17 in pyproject.toml),
     _receive_response_body, and uses the connection's h11 state and network stream from
     inside: no public hook lets a body be read without an h11 event per chunk. A body that is
-    not chunked, or whose first bytes came in with the headers (so are in h11's buffer), is
-    read by httpcore2 as before. tests/probes/test_chunked_body.py holds both to h11."""
+    not chunked is read by httpcore2 as before. tests/probes/test_chunked_body.py holds
+    ChunkedBody to h11, and this class to keep-alive however the reads fall."""
 
     _chunked = False
 
