@@ -44,7 +44,6 @@ max_connections = 200
 shared_buffers = 256MB
 work_mem = 16MB
 maintenance_work_mem = 256MB
-synchronous_commit = off
 """
 
 
@@ -98,8 +97,14 @@ def _pg_server(pgdata: Path):  # type: ignore[no-untyped-def]
     )
 
 
-def start_postgres(var_dir: Path) -> str:
-    """Start (or reuse) the embedded PostgreSQL; return a DATABASE_URL for our database."""
+def start_postgres(var_dir: Path, *, durable: bool = True) -> str:
+    """Start (or reuse) the embedded PostgreSQL; return a DATABASE_URL for our database.
+
+    `durable`: a commit returns only once it is on disk (synchronous_commit on), so an ingest
+    that was acknowledged survives a crash of the machine or the server, as `make run` used as
+    a deployment needs. The test suite's own server runs without (`make test`: faster, and its
+    data is thrown away). Set at every start (ALTER SYSTEM), whatever an older data folder's
+    configuration said."""
     pgdata = (var_dir / "postgres").resolve()
     var_dir.mkdir(parents=True, exist_ok=True)
     server = _pg_server(pgdata)
@@ -109,6 +114,8 @@ def start_postgres(var_dir: Path) -> str:
         with conf.open("a") as fh:
             fh.write(_PG_CONF)
     server.start()
+    mode = "on" if durable else "off"
+    server.psql(f"ALTER SYSTEM SET synchronous_commit = {mode}; SELECT pg_reload_conf();")
     info = server.get_postmaster_info()
     socket_dir = str(info.socket_dir)
     # Create our database once; the server's own `postgres` database stays untouched.
@@ -343,15 +350,18 @@ def _local_secrets(var_dir: Path) -> dict[str, str]:
     return data
 
 
-def ensure(var_dir: Path = DEFAULT_VAR, env: dict[str, str] | None = None) -> dict[str, str]:
-    """Fill in DATABASE_URL / REDIS_URL (and local secrets) that the environment leaves unset.
+def ensure(
+    var_dir: Path = DEFAULT_VAR, env: dict[str, str] | None = None, *, durable: bool = True
+) -> dict[str, str]:
+    """Fill in DATABASE_URL / REDIS_URL (and local secrets) that the environment leaves unset
+    (`durable`: see start_postgres).
 
     Returns the variables it added; also writes them into `env` (default: os.environ).
     """
     target = os.environ if env is None else env
     added: dict[str, str] = {}
     if not target.get("DATABASE_URL"):
-        added["DATABASE_URL"] = start_postgres(var_dir)
+        added["DATABASE_URL"] = start_postgres(var_dir, durable=durable)
     if not target.get("REDIS_URL"):
         added["REDIS_URL"] = start_redis(var_dir)
     for name, value in _local_secrets(var_dir).items():

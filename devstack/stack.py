@@ -65,7 +65,7 @@ class Stack:
     started: list[str]  # of those, the servers this process started (and so stops)
 
 
-def _prepare_env(var_dir: Path, extra: dict[str, str]) -> Stack:
+def _prepare_env(var_dir: Path, extra: dict[str, str], *, durable: bool = True) -> Stack:
     env = dict(os.environ)
     env.update(extra)
     env["RW_VAR_DIR"] = str(var_dir)
@@ -75,7 +75,7 @@ def _prepare_env(var_dir: Path, extra: dict[str, str]) -> Stack:
     already = embedded.running(var_dir)
     started = [name for name in unset if name not in already]
     try:
-        embedded.ensure(var_dir, env)
+        embedded.ensure(var_dir, env, durable=durable)
     except BaseException:
         # PostgreSQL up and Redis refusing to start (or Ctrl-C meanwhile): stop what this
         # command started, so nothing is left running behind the error.
@@ -391,7 +391,8 @@ def _run_stack(stack: Stack, var_dir: Path, port: int) -> int:
 def test(pytest_args: list[str]) -> int:
     # RW_TEST_VAR_DIR lets two suites run side by side, each with its own embedded servers.
     var_dir = Path(os.environ.get("RW_TEST_VAR_DIR") or ROOT / "var" / "test")
-    stack = _prepare_env(var_dir, {"PROVIDER_ALLOW_PRIVATE_NETWORKS": "true"})
+    # The suite's data is thrown away: commits need not wait for the disk.
+    stack = _prepare_env(var_dir, {"PROVIDER_ALLOW_PRIVATE_NETWORKS": "true"}, durable=False)
     env = stack.env
     if len(stack.embedded) < 2:  # tests that restart servers need the embedded ones
         env["RW_EXTERNAL_SERVICES"] = "1"

@@ -19,6 +19,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import connection, models
 from django.utils import timezone
 
+from monitor import headers
 from monitor.crypto import (
     decrypt_bound,
     decrypt_secret,
@@ -325,6 +326,8 @@ class Provider(models.Model):
             isinstance(k, str) and isinstance(v, str) for k, v in self.extra_headers.items()
         ):
             raise ValidationError({"extra_headers": "Use a JSON object of string to string."})
+        if (error := headers.extra_headers_error(self.extra_headers)) is not None:
+            raise ValidationError({"extra_headers": error})
 
     @property
     def has_api_key(self) -> bool:

@@ -246,10 +246,12 @@ AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
-# Lock out by user name: an attacker who changes address still gets AXES_FAILURE_LIMIT tries.
-# Not by address: behind a reverse proxy every login comes from the proxy's address, so one
-# attacker would lock every user out (axes.W006 warns about exactly this choice).
-AXES_LOCKOUT_PARAMETERS = ["username"]
+# Lock out by user name and address together: wrong passwords for a user from one address lock
+# that address out for that user only, so nobody can lock the administrator out from elsewhere
+# (the default user is `admin`); one address trying many user names is throttled as a whole
+# (monitor.logins). Behind a reverse proxy, set its hop count so the client's address is read
+# (axes.W006 warns about lockouts by address behind an unconfigured proxy).
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 SILENCED_SYSTEM_CHECKS = ["axes.W006"]
 AXES_COOLOFF_TIME = _axes_cooloff_minutes / 60  # hours
 AXES_RESET_ON_SUCCESS = True

@@ -69,7 +69,8 @@ def test_every_package_our_code_and_tests_import_is_declared_in_pyproject() -> N
     undeclared = []
     for path, line, module in _imports():
         top = module.partition(".")[0]
-        if top in sys.stdlib_module_names or top in OURS or top == "__future__":
+        # _typeshed: the standard library's typing-only names (imported under TYPE_CHECKING).
+        if top in sys.stdlib_module_names or top in OURS or top in {"__future__", "_typeshed"}:
             continue
         providers = {_normalized(name) for name in distributions.get(top, [])}
         if not providers & declared:

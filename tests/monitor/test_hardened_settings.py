@@ -145,10 +145,6 @@ def test_behind_a_proxy_with_no_trusted_hop_the_address_throttle_is_off(
 
 
 @pytest.mark.django_db
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs AXES_LOCKOUT_PARAMETERS = [['username', 'ip_address']] in monitor/settings.py",
-)
 def test_wrong_passwords_for_a_user_from_one_address_do_not_lock_it_out_elsewhere(
     client: Client, owner: User, settings
 ) -> None:
