@@ -72,9 +72,7 @@ class Stack(ProcessStack):
     def region_worker(self, sim: SimulatorProcess, **extra: str) -> None:
         self.start(
             "region",
-            support.celery(
-                "worker", "-Q", f"probes.{REGION}", "-c", "1", "-n", f"{REGION}@%h", "-l", "INFO"
-            ),
+            support.region_worker(REGION, f"{REGION}@%h"),
             {
                 # What a region worker gets: the broker and its region's key, no database,
                 # no master key (monitor.pipeline.signing).
@@ -390,77 +388,6 @@ def test_ingest_parks_what_it_cannot_store_and_the_admin_replays_it(
     call_command("replay_dead_letters")  # nothing left; repeating stores nothing twice
     assert _one_row_per_slot()
     _figure("dead letters", f"{len(slots)} parked while PostgreSQL was down, 0 lost after replay")
-
-
-def _received(s: Stack) -> int:
-    """Batches the region worker has taken from its queue (redeliveries included)."""
-    return sum(
-        1
-        for line in s.log("region").splitlines()
-        if "run_probe_batch[" in line and "received" in line
-    )
-
-
-def test_a_worker_killed_mid_batch_ends_measured_or_missed_never_twice(
-    sim: SimulatorProcess, stack: Stack, settings: Any
-) -> None:
-    # Slots made here (scheduling.plan in this process): 5 s deadline plus 20 s of grace, so a
-    # batch expires 20 s after its first slot; its starts are spread over 3 s (TICK_SECONDS).
-    settings.SLOT_GRACE_SECONDS = 20
-    _configure(sim)
-    stack.ingest_worker()
-    stack.region_worker(sim, TICK_SECONDS="3")
-    assert support.wait_until(lambda: "ready" in stack.log("region"), 30), stack.logs()
-
-    # 1. Its pool process SIGKILLed: Celery rejects the message (reject_on_worker_lost), it is
-    #    redelivered at once and run again, in time for the slots' deadlines.
-    assert _batch_now() == 3
-    assert support.wait_until(lambda: _received(stack) >= 1, 15)
-    time.sleep(1)
-    children = stack.children("region")
-    assert children, stack.logs()
-    os.kill(children[0], signal.SIGKILL)
-    killed = time.monotonic()
-
-    def closed() -> bool:
-        _fresh()
-        ingest.sweep_missed()  # what beat's tick does every second
-        return not ProbeSlot.objects.filter(status="dispatched").exists()
-
-    assert support.wait_until(closed, 60, interval_s=0.5), stack.logs()
-    child_recovery_s = time.monotonic() - killed
-    statuses = Counter(ProbeSlot.objects.values_list("status", flat=True))
-    assert "WorkerLostError" in stack.log("region")
-    assert statuses == {"done": 3}, (statuses, stack.logs())
-    assert _one_row_per_slot()
-
-    # 2. The whole worker SIGKILLed: its message waits out the visibility timeout, by when it
-    #    has expired; the sweep records its slots missed at their deadlines (documented bound:
-    #    deadline + one tick), never a duplicate.
-    time.sleep(INTERVAL_S)  # the next slots are due
-    second = _batch_now()
-    assert second >= 3
-    assert support.wait_until(lambda: _received(stack) >= 3, 15)  # 2 + the redelivery
-    time.sleep(1)
-    stack.kill_group("region")
-    stack.restart("region")
-    last_deadline = max(ProbeSlot.objects.values_list("deadline_at", flat=True))
-    assert support.wait_until(closed, 60, interval_s=0.5), stack.logs()
-    overshoot_s = (datetime.now(UTC) - last_deadline).total_seconds()
-    statuses = Counter(ProbeSlot.objects.values_list("status", flat=True))
-    assert set(statuses) <= {"done", "missed"}
-    # One result per slot, none without one (late catch-up slots included: recorded missed).
-    assert _one_row_per_slot()
-    assert ProbeResult.objects.count() == ProbeSlot.objects.count(), list(
-        ProbeResult.objects.values_list("route_id", "slot_at", "outcome", "started_at")
-    )
-    assert overshoot_s <= 2.0  # closed within a tick or so of the last deadline
-    _figure(
-        "worker killed mid-batch",
-        f"child SIGKILL: 3/3 slots measured, all closed {child_recovery_s:.1f} s after the kill; "
-        f"whole worker SIGKILL: slots {dict(statuses)} in all, closed {overshoot_s:+.1f} s from "
-        "the last deadline; 0 duplicates",
-    )
 
 
 # A consumer that takes one ingest message through kombu's own code (which records it in Redis'

@@ -230,17 +230,20 @@ def test_a_minute_long_probe_and_a_long_scenario_delay_no_other_probe(
 def test_a_worker_killed_with_hundreds_of_probes_in_flight_keeps_what_ended_and_nothing_twice(
     tmp_path: Path, settings: Any
 ) -> None:
-    """300 probes of 8 s and 45 fast ones in one batch; the whole worker is SIGKILLed while the
+    """300 probes of 20 s and 45 fast ones in one batch; the whole worker is SIGKILLed while the
     slow ones are in flight. The fast results it had already sent are kept, every other slot
     is recorded missed at its deadline, no slot has two rows, and a new worker carries on."""
-    settings.SLOT_GRACE_SECONDS = 25  # this process plans the slots (scheduling.plan)
+    # This process plans the slots (scheduling.plan): every probe of the batch starts within
+    # 2 s, and each slot's current time (up to an interval ago) is still in time.
+    settings.SLOT_GRACE_SECONDS = 25
+    settings.TICK_SECONDS = 2
     with SimulatorProcess(CONFIGS / "test.toml") as sim:
         region, keys = _region_keys()
-        slow = [f.route(p, "reasoner-8s") for p in _providers(sim, "slowlane", 20, SLOW_KEY)]
+        slow = [f.route(p, "reasoner-20s") for p in _providers(sim, "slowlane", 20, SLOW_KEY)]
         fast_provider = _providers(sim, "fastchip", 1, FAST_KEY)[0]
         fast = [f.route(fast_provider, m) for m in FAST_MODELS]
         for t in range(15):
-            f.task(f"load-{t}", [*slow, *fast], [region], probe_interval_s=20, probe_timeout_s=15)
+            f.task(f"load-{t}", [*slow, *fast], [region], probe_interval_s=20, probe_timeout_s=30)
         env = support.child_env(
             connection.settings_dict, TICK_SECONDS="2", PROVIDER_ALLOW_PRIVATE_NETWORKS="true"
         )

@@ -209,7 +209,10 @@ class Command(BaseCommand):
                 "latency_class": CLASS_ASYNC,
                 "latency_metric": "",
                 "probe_interval_s": 300,
-                "probe_timeout_s": 300,
+                # Ten calls on the reasoning route take about 9 minutes (the seeds' agent task
+                # took 13 min 54 s): the longest deadline a task may set, so every route's runs
+                # can end in an answer.
+                "probe_timeout_s": 900,
                 "http_versions": [HTTP_1_1],
                 "connection_modes": [CONN_WARM],
                 "body_encodings": [BODY_JSON],
