@@ -304,22 +304,16 @@ def late_payload(message: ProbeMessage, lag_s: float) -> ResultPayload:
     """The slot of a probe this worker did not start: it was past START_LAG_MAX_SECONDS after
     its planned start, too late to be comparable. Recorded missed (stamped at its slot, as
     the sweep's missed rows are), with its lag, so the region's health shows why."""
-    slot = message["slot"]
-    return {
-        "task_id": slot["task_id"],
-        "route_id": slot["route_id"],
-        "region_id": slot["region_id"],
-        "slot_at": slot["slot_at"],
-        "started_at": slot["slot_at"],
-        "outcome": "missed",
-        "error_kind": Kind.MISSED,
-        "error_detail": (
-            f"started late: {lag_s:.1f} s after its planned start (the bound is "
-            f"{settings.START_LAG_MAX_SECONDS} s); the region's worker was saturated or its "
-            "queue backed up"
-        ),
-        "start_lag_ms": round(lag_s * 1000, 3),
-    }
+    detail = (
+        f"started late: {lag_s:.1f} s after its planned start (the bound is "
+        f"{settings.START_LAG_MAX_SECONDS} s); the region's worker was saturated or its "
+        "queue backed up"
+    )
+    out = error_payload(message, Kind.MISSED, detail)
+    out["outcome"] = "missed"
+    out["started_at"] = message["slot"]["slot_at"]  # as the sweep stamps a missed slot
+    out["start_lag_ms"] = round(lag_s * 1000, 3)
+    return out
 
 
 def payload(message: ProbeMessage, result: EngineResult, started_at: datetime) -> ResultPayload:

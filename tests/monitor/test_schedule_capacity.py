@@ -30,8 +30,9 @@ from monitor.models import (
     ScenarioStep,
     Task,
 )
-from monitor.pipeline import ingest, liveness, scenarios, scheduling
-from monitor.pipeline.slots import Slot
+from monitor.pipeline import ingest, liveness, scenarios, scheduling, worker
+from monitor.pipeline.messages import ProbeBatch, probe_batch_to_json
+from monitor.pipeline.slots import Slot, probe_message
 from monitor.stats import health
 from simulator.testing import CONFIGS, SimulatorProcess
 from tests import support
@@ -297,3 +298,33 @@ def test_a_worker_killed_with_hundreds_of_probes_in_flight_keeps_what_ended_and_
                 f"{outcomes['ok']} results kept, {outcomes['missed']} slots missed, 0 duplicates; "
                 f"all {sum(statuses.values())} slots closed {recovery_s:.1f} s after the kill"
             )
+
+
+# --- a probe too late to count -----------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_probe_past_its_start_bound_is_not_sent_and_its_slot_is_missed_with_its_lag() -> None:
+    """A batch that reaches its worker 30 s after the tick planned it (a backed-up queue): the
+    worker sends nothing for it, and ingest records its slot missed, with the lag, as late."""
+    g, _ = _region_keys()
+    p = f.provider("nowhere", base_url="http://127.0.0.1:9/nowhere/v1")  # never connected to
+    r = f.route(p, "m1")
+    t = f.task("late", [r], [g], probe_timeout_s=60)
+    slot = Slot(t, r, g, timezone.now())
+    scheduling.claim([slot])
+    batch: ProbeBatch = {
+        "region": g.slug,
+        "probes": [probe_message(slot, [])],
+        "planned_at": time.time() - 30,
+        "window_s": 0.0,
+    }
+    (sent,) = worker.run_batch(probe_batch_to_json(batch))
+    assert sent["outcome"] == "missed"
+    assert sent.get("start_lag_ms", 0) >= 30_000
+    assert sent.get("error_detail", "").startswith("started late: 30.")
+    assert worker.LOAD.late >= 1
+    assert ingest.ingest([sent]) == 1
+    assert ProbeSlot.objects.get(task=t).status == "missed"
+    schedule = health.schedules(timezone.now(), timedelta(hours=1))[g.pk]
+    assert (schedule.probed, schedule.missed, schedule.late) == (0, 1, 1)
