@@ -8,7 +8,9 @@ When DATABASE_URL / REDIS_URL are unset, embedded PostgreSQL and Redis are start
 data under ./var (./var/test for the tests, so a test run never touches the demo's data).
 `run` supervises its processes: their output is prefixed with their name, one that exits is
 started again (all stop if one exits 5 times in 2 minutes), Ctrl-C stops all of them (and the
-embedded servers it started), and a second `run` keeps the data.
+embedded servers it started), and a second `run` keeps the data. SIGTERM and SIGHUP (its
+terminal closed) stop it as Ctrl-C does; killed outright, its processes die with it
+(devstack.lifetime), and the next `run` stops whatever was left and reuses the embedded servers.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from devstack import embedded
+from devstack import embedded, lifetime
 from monitor import limits
 
 ROOT = embedded.ROOT
@@ -47,15 +49,32 @@ class Child:
     stop_first: bool = False
 
 
+# Set once our output is gone (its terminal closed: writes fail with EIO): the stack goes on,
+# or stops in order, without it.
+_OUTPUT_GONE = threading.Event()
+
+
+def _emit(line: str) -> None:
+    if _OUTPUT_GONE.is_set():
+        return
+    try:
+        print(line, flush=True)
+    except OSError:
+        _OUTPUT_GONE.set()
+        # What could not be written would fail again at exit (and make the status 120).
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the rest of the process)
+
+
 def _say(message: str) -> None:
-    print(f"\033[1m[routewatch]\033[0m {message}", flush=True)
+    _emit(f"\033[1m[routewatch]\033[0m {message}")
 
 
 def _pump(name: str, stream: object) -> None:
+    # Read to the end even with nowhere to write: a child blocked on a full pipe never stops.
     width = 12
     for raw in iter(stream.readline, b""):  # type: ignore[attr-defined]
         line = raw.decode(errors="replace").rstrip()
-        print(f"{name:<{width}}| {line}", flush=True)
+        _emit(f"{name:<{width}}| {line}")
 
 
 @dataclass
@@ -65,7 +84,11 @@ class Stack:
     started: list[str]  # of those, the servers this process started (and so stops)
 
 
-def _prepare_env(var_dir: Path, extra: dict[str, str], *, durable: bool = True) -> Stack:
+def _prepare_env(
+    var_dir: Path, extra: dict[str, str], *, durable: bool = True, adopt: Sequence[str] = ()
+) -> Stack:
+    """`adopt`: embedded servers that count as started here (and so are stopped at the end)
+    when already running: those a run that died had started."""
     env = dict(os.environ)
     env.update(extra)
     env["RW_VAR_DIR"] = str(var_dir)
@@ -73,7 +96,7 @@ def _prepare_env(var_dir: Path, extra: dict[str, str], *, durable: bool = True) 
     env.setdefault("PYTHONUNBUFFERED", "1")
     unset = [name for name in ("DATABASE_URL", "REDIS_URL") if not env.get(name)]
     already = embedded.running(var_dir)
-    started = [name for name in unset if name not in already]
+    started = [name for name in unset if name not in already or name in adopt]
     try:
         embedded.ensure(var_dir, env, durable=durable)
     except BaseException:
@@ -86,19 +109,51 @@ def _prepare_env(var_dir: Path, extra: dict[str, str], *, durable: bool = True) 
 
 def _manage(env: dict[str, str], *args: str, quiet: bool = False) -> None:
     out = subprocess.DEVNULL if quiet else None
-    subprocess.run([PY, str(ROOT / "manage.py"), *args], env=env, check=True, stdout=out)
+    subprocess.run(
+        [PY, str(ROOT / "manage.py"), *args],
+        env=env,
+        check=True,
+        stdout=out,
+        preexec_fn=lifetime.die_with_parent(),
+    )
 
 
-def _wait_http(url: str, timeout_s: float) -> bool:
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 (loopback)
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _announce_web(
+    web: Child, port: int, stopping: threading.Event, timeout_s: float = 60.0
+) -> bool:
+    """Say that Routewatch is up once /healthz answers from the web server started here: the
+    socket listening on `port` is held by its session (another server that took the port
+    meanwhile may answer too). Returns whether it did."""
+    proc = web.proc
+    assert proc is not None
+    url = f"http://localhost:{port}/"
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 (loopback)
-                if response.status == 200:
-                    return True
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.3)
+    while time.monotonic() < deadline and not stopping.is_set():
+        if proc.poll() is not None:
+            _say(f"the web server exited (status {proc.returncode}); see its output above")
+            return False
+        if _answers(f"http://127.0.0.1:{port}/healthz") and lifetime.holds_port(proc.pid, port):
+            _say(f"Routewatch is up: {url}  (admin: {url}admin/)  Ctrl-C stops everything.")
+            return True
+        stopping.wait(0.3)
+    if stopping.is_set():
+        return False
+    others = lifetime.strangers(proc.pid, port)
+    if others:
+        _say(
+            f"port {port} is answered by pid {others[0]}, not by the web server started here; "
+            "stop that process and start again"
+        )
+    else:
+        _say(f"the web server did not answer within {timeout_s:.0f} s; see its output above")
     return False
 
 
@@ -108,6 +163,8 @@ CRASH_LOOP_WINDOW_S = 120.0
 
 
 def _start_child(child: Child, env: dict[str, str]) -> None:
+    """Start `child`; it is killed when the calling thread ends (devstack.lifetime), so call
+    this from the thread that supervises it to the end."""
     child.proc = subprocess.Popen(
         child.argv,
         env={**env, **child.env},
@@ -115,6 +172,9 @@ def _start_child(child: Child, env: dict[str, str]) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,  # Ctrl-C reaches us only; we stop the children ourselves
+        # Runs between fork and exec while the pumps' threads run: safe, as it only makes
+        # system calls through a function looked up beforehand.
+        preexec_fn=lifetime.die_with_parent(),
     )
     child.pump = threading.Thread(target=_pump, args=(child.name, child.proc.stdout), daemon=True)
     child.pump.start()
@@ -330,8 +390,39 @@ def stack_processes(env: dict[str, str], port: int) -> list[Child]:
     return children + region_workers(env, SIMULATOR_PORT)
 
 
-def run(port: int) -> int:
-    var_dir = embedded.DEFAULT_VAR
+# Each stops `run` as Ctrl-C does: SIGHUP comes when its terminal closes.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def stack_ports(port: int) -> dict[int, str]:
+    """The ports `run` listens on -> what listens there."""
+    ports = {port: "the web", SIMULATOR_PORT: "the simulator"}
+    for i, (slug, _) in enumerate(DEMO_REGIONS, start=1):
+        ports[SIMULATOR_PORT + i] = f"{slug}'s delay proxy"
+    return ports
+
+
+def run(port: int, var_dir: Path = embedded.DEFAULT_VAR) -> int:
+    # Until the processes run (then `serve` takes over), SIGTERM and SIGHUP interrupt setting
+    # up as Ctrl-C does: what was started is stopped on the way out.
+    before = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.default_int_handler)
+    try:
+        with lifetime.take_over(var_dir, stack_ports(port), port, _say) as claim:
+            return _run_claimed(claim, var_dir, port)
+    except lifetime.StackBusy as exc:
+        _say(str(exc))
+        return 1
+    except KeyboardInterrupt:
+        _say("interrupted; stopped")
+        return 130
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+
+
+def _run_claimed(claim: lifetime.Claim, var_dir: Path, port: int) -> int:
     _say("starting embedded services (PostgreSQL, Redis) where DATABASE_URL / REDIS_URL are unset")
     demo_env = {
         "PROVIDER_ALLOW_PRIVATE_NETWORKS": "true",
@@ -340,8 +431,11 @@ def run(port: int) -> int:
         "EMAIL_BACKEND": "django.core.mail.backends.filebased.EmailBackend",
     }
     extra = {k: v for k, v in demo_env.items() if k not in os.environ}
-    stack = _prepare_env(var_dir, extra)
+    stack = _prepare_env(var_dir, extra, adopt=claim.adopted)
     try:
+        claim.record_embedded(stack.started)
+        # Set after the embedded servers started: they must not carry it (they outlive a run).
+        stack.env[lifetime.TOKEN_VAR] = claim.token
         return _run_stack(stack, var_dir, port)
     finally:
         # Also when setting up failed (a migration, Ctrl-C meanwhile): nothing this command
@@ -365,27 +459,35 @@ def _run_stack(stack: Stack, var_dir: Path, port: int) -> int:
     )
 
     children = stack_processes(env, port)
+    web = next(child for child in children if child.name == "web")
+    exit_code = serve(children, env, web=(web, port))
+    _say("stopped; data kept under ./var (a second `make run` picks it up)")
+    return exit_code
+
+
+def serve(
+    children: Sequence[Child], env: dict[str, str], web: tuple[Child, int] | None = None
+) -> int:
+    """Start the children, say when `web` (the child, its port) is up, supervise them until
+    a stop signal (STOP_SIGNALS) or a crash loop, then stop them all; returns supervise's
+    status. From the main thread: signal handlers are set there, and the children die with
+    the thread that started them."""
     stopping = threading.Event()
 
     def _on_signal(signum: int, frame: object) -> None:
         stopping.set()
 
-    signal.signal(signal.SIGINT, _on_signal)
-    signal.signal(signal.SIGTERM, _on_signal)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _on_signal)
     try:
         for child in children:
             _start_child(child, env)
-        url = f"http://localhost:{port}/"
-        if _wait_http(f"http://127.0.0.1:{port}/healthz", 60):
-            _say(f"Routewatch is up: {url}  (admin: {url}admin/)  Ctrl-C stops everything.")
-        else:
-            _say("the web server did not answer within 60 s; see its output above")
-        exit_code = supervise(children, env, stopping)
+        if web is not None:
+            _announce_web(*web, stopping)
+        return supervise(children, env, stopping)
     finally:
         _say("stopping")
         _stop_children(children)
-    _say("stopped; data kept under ./var (a second `make run` picks it up)")
-    return exit_code
 
 
 def test(pytest_args: list[str]) -> int:
