@@ -546,12 +546,30 @@ class RegionKey(models.Model):
     secret_encrypted = models.TextField(editable=False)
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
+    # When it stopped signing: results it sealed still open for a while after
+    # (monitor.pipeline.signing.results_grace), so none waiting in a spool, the ingest queue
+    # or the dead letters is lost to a rotation. Null while active.
+    deactivated_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["region", "-created_at"]
 
     def __str__(self) -> str:
         return f"{self.region_id}:{self.key_id}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        # Deactivated in the admin (or anywhere that saves the row): note when.
+        if self.is_active:
+            self.deactivated_at = None
+        elif (
+            self.deactivated_at is None
+            and RegionKey.objects.filter(pk=self.pk, is_active=True).exists()
+        ):
+            self.deactivated_at = timezone.now()
+        update_fields = kwargs.get("update_fields")
+        if update_fields is not None and "is_active" in update_fields:
+            kwargs["update_fields"] = {*update_fields, "deactivated_at"}
+        super().save(*args, **kwargs)
 
     @staticmethod
     def new_key_id() -> str:

@@ -222,10 +222,11 @@ def run_probe_batch(batch: dict[str, Any]) -> int:
         return len(worker.run_batch(body, emit=send))
 
 
-# Ingest tasks: a database error is retried with backoff (1 s, 2 s, 4 s, ... capped), and after
-# INGEST_RETRY_MAX retries the message (still signed) is parked in the dead-letter list, never
-# dropped.
-_DATABASE_ERRORS = (OperationalError, InterfaceError)
+# Ingest tasks: a database error, or a region key whose secret cannot be decrypted (an
+# encryption key dropped before `manage.py rotate_api_keys` ran: ours to fix, not the
+# results'), is retried with backoff (1 s, 2 s, 4 s, ... capped), and after INGEST_RETRY_MAX
+# retries the message (still signed) is parked in the dead-letter list, never dropped.
+_RETRIED_ERRORS = (OperationalError, InterfaceError, signing.KeyUnavailable)
 
 
 def _retry_or_park(
@@ -253,7 +254,7 @@ def ingest_results(self: Task[Any, Any], results: dict[str, Any]) -> int:
     """Results signed by a region worker: stored only for that region's open slots."""
     try:
         return ingest.ingest_signed(results)
-    except _DATABASE_ERRORS as exc:
+    except _RETRIED_ERRORS as exc:
         _retry_or_park(self, "results", results, exc)
         return 0
 
@@ -302,7 +303,7 @@ def run_race(message: dict[str, Any]) -> str | None:
 def ingest_race(self: Task[Any, Any], result: dict[str, Any]) -> bool:
     try:
         return races.ingest_signed(result)
-    except _DATABASE_ERRORS as exc:
+    except _RETRIED_ERRORS as exc:
         _retry_or_park(self, "race", result, exc)
         return False
 
@@ -335,7 +336,7 @@ def ingest_scenario(self: Task[Any, Any], result: dict[str, Any]) -> bool:
     """A scenario result signed by a region worker: stored only for that region's open slot."""
     try:
         return scenarios.ingest_signed(result)
-    except _DATABASE_ERRORS as exc:
+    except _RETRIED_ERRORS as exc:
         _retry_or_park(self, "scenario", result, exc)
         return False
 
@@ -362,7 +363,8 @@ _DISPATCHABLE: dict[str, tuple[Task[Any, Any], str]] = {
 
 def send(dispatches: list[Dispatch]) -> dict[str, int]:
     """Send what the scheduler planned, in order, each signed for its region (its slots are
-    recorded missed when the region has no key); returns the tallies (see `tick`)."""
+    recorded missed when the region has no key, or none that FIELD_ENCRYPTION_KEYS opens; the
+    other regions' still go); returns the tallies (see `tick`)."""
     sent: dict[str, int] = {}
     for d in dispatches:
         task, kind = _DISPATCHABLE[d.task_name]

@@ -19,7 +19,10 @@ travels in an envelope signed with a secret of that region (monitor.models.Regio
   origin (scheme://host:port) it may be sent to. The worker opens it only for a probe whose
   base URL has that origin, whatever the message says (`open_secret`).
 - Results are sealed by the worker with the key its batch came under; ingest verifies them
-  with the region's active keys and keeps only results for that region.
+  with the region's keys (active, or deactivated less than `results_grace` ago: results
+  waiting out a rotation still count) and keeps only results for that region. A result's
+  issue time ahead of ours is not a refusal (a worker's clock may run fast): it is taken as
+  our now, logged and counted.
 
 Keys rotate with overlap: several keys of a region may be active; the newest active one
 signs; a worker accepts any key it holds.
@@ -32,13 +35,14 @@ import hashlib
 import hmac
 import json
 import logging
+import math
 import os
 import secrets
 import socket
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Any
 
@@ -59,8 +63,12 @@ KIND_RESULTS = "results"
 KIND_RACE_RESULT = "race-result"
 KIND_SCENARIO = "scenario"
 KIND_SCENARIO_RESULT = "scenario-result"
-# How far a sender's clock may run ahead of ours.
+# How far a sender's clock may run ahead of ours: a message to a region worker issued further in
+# the future is refused; a result is not (open_results: its issue time is clamped to ours).
 CLOCK_SKEW_S = 30.0
+# Heartbeat rows counting results sealed by a worker whose clock ran ahead of ours by more than
+# CLOCK_SKEW_S, one per region (admin, Heartbeats).
+CLOCK_AHEAD_COUNTER = "results-clock-ahead:"
 # Prefix of a provider secret re-encrypted for one region: "rwr1.<key id>.<Fernet token>".
 WRAPPED = "rwr1."
 # A secret the beat could not open for the batch: the worker fails the probe as `config`.
@@ -136,9 +144,12 @@ def verify(
     region: str | None,
     kind: str,
     now: float | None = None,
+    *,
+    future_ok: bool = False,
 ) -> tuple[RegionSecret, dict[str, Any]]:
     """The key that signed it and the envelope, or Refused. `region` None: any region (the
-    caller checks it against the key's)."""
+    caller checks it against the key's). `future_ok`: an issue time ahead of our clock is
+    accepted (results: the caller clamps it)."""
     if not isinstance(envelope, dict) or envelope.get("v") != VERSION:
         raise Refused("not a signed envelope")
     if envelope.get("kind") != kind:
@@ -158,7 +169,9 @@ def verify(
         raise Refused("bad signature")
     now = time.time() if now is None else now
     issued_at, expires_at = envelope.get("issued_at"), envelope.get("expires_at")
-    if not isinstance(issued_at, int | float) or issued_at > now + CLOCK_SKEW_S:
+    if not isinstance(issued_at, int | float) or not math.isfinite(issued_at):
+        raise Refused("no issue time")
+    if issued_at > now + CLOCK_SKEW_S and not future_ok:
         raise Refused("issued in the future")
     if expires_at is not None and (not isinstance(expires_at, int | float) or now > expires_at):
         raise Refused("expired")
@@ -171,7 +184,15 @@ def verify(
 
 
 class NoRegionKey(Exception):
-    """A region with no active key: nothing can be sent to it (the admin must add one)."""
+    """A region with no active key, or one whose secret cannot be decrypted with
+    FIELD_ENCRYPTION_KEYS: nothing can be sent to it (the admin must add one, or put back the
+    encryption key that was dropped before `manage.py rotate_api_keys` ran)."""
+
+
+class KeyUnavailable(Exception):
+    """Results signed with a region key whose stored secret cannot be decrypted with
+    FIELD_ENCRYPTION_KEYS: not a refusal of the results (they may be authentic), but ours to
+    fix; ingest retries them, then parks them (monitor.tasks), never drops them."""
 
 
 def signing_key(region_slug: str) -> RegionSecret:
@@ -185,7 +206,10 @@ def signing_key(region_slug: str) -> RegionSecret:
     )
     if row is None:
         raise NoRegionKey(f"region {region_slug} has no active key (admin, Regions)")
-    return RegionSecret(row.key_id, row.get_secret())
+    try:
+        return RegionSecret(row.key_id, row.get_secret())
+    except ApiKeyDecryptionError as exc:
+        raise NoRegionKey(f"region {region_slug}'s key {row.key_id}: {exc}") from None
 
 
 def probe_messages(kind: str, body: Any) -> Iterator[dict[str, Any]]:
@@ -246,31 +270,70 @@ def seal_dispatch(
 @dataclass(frozen=True)
 class Opened:
     """Results opened by ingest: the signing region, the body, and when the worker sealed
-    them (its signed issue time, never later than our clock allows: `verify` refuses one
-    issued in the future). Lateness is judged by this time, not by when ingest got to them:
-    results that waited out an ingest or broker outage were still sealed in time."""
+    them (its signed issue time, clamped to our clock: a worker whose clock runs fast cannot
+    make its results look sealed earlier than we got them, nor later than they were).
+    Lateness is judged by this time, not by when ingest got to them: results that waited out
+    an ingest or broker outage were still sealed in time."""
 
     region_id: int
     body: Any
     sealed_at: datetime
 
 
+def results_grace() -> timedelta:
+    """How long after its deactivation a region key still opens results: as long as a result
+    can wait and still be stored. A result is kept only for an open slot, and closed slots
+    (missed ones included) are deleted after SLOT_RETENTION_DAYS, so nothing sealed before a
+    rotation (in a worker's spool, the ingest queue or the dead letters) can be stored later
+    than that; past it, the key opens nothing."""
+    return timedelta(days=settings.SLOT_RETENTION_DAYS)
+
+
 def open_results(envelope: object, kind: str) -> Opened:
-    """Ingest's side: results signed with an active key of their region; Refused otherwise."""
+    """Ingest's side: results signed with an active key of their region, or with one
+    deactivated less than `results_grace` ago (results sealed before a rotation still count,
+    for that key's region only); Refused otherwise. KeyUnavailable when the key's secret
+    cannot be decrypted (the results wait for that to be fixed)."""
+    from django.db.models import Q
+    from django.utils import timezone
+
     from monitor.models import RegionKey
 
     kid = envelope.get("kid") if isinstance(envelope, dict) else None
+    now = timezone.now()
+    usable = Q(is_active=True) | Q(deactivated_at__gte=now - results_grace())
     row = (
-        RegionKey.objects.filter(key_id=kid, is_active=True).select_related("region").first()
+        RegionKey.objects.filter(usable, key_id=kid).select_related("region").first()
         if isinstance(kid, str)
         else None
     )
     if row is None:
-        raise Refused("signed with a key that is not an active region key")
-    key = RegionSecret(row.key_id, row.get_secret())
-    _, opened = verify(envelope, {key.key_id: key}, row.region.slug, kind)
-    sealed_at = datetime.fromtimestamp(float(opened["issued_at"]), tz=UTC)
+        raise Refused("signed with a key that is not a region key (or one retired too long)")
+    try:
+        key = RegionSecret(row.key_id, row.get_secret())
+    except ApiKeyDecryptionError as exc:
+        raise KeyUnavailable(f"region key {row.key_id}: {exc}") from None
+    clock = now.timestamp()
+    _, opened = verify(envelope, {key.key_id: key}, row.region.slug, kind, clock, future_ok=True)
+    issued_at = float(opened["issued_at"])
+    if issued_at > clock + CLOCK_SKEW_S:
+        _clock_ahead(row.region.slug, issued_at - clock)
+    sealed_at = datetime.fromtimestamp(min(issued_at, clock), tz=UTC)
     return Opened(row.region_id, opened["body"], sealed_at)
+
+
+def _clock_ahead(region_slug: str, ahead_s: float) -> None:
+    """A region worker's clock runs ahead of ours: its results still count (sealed as of our
+    now), but its batches may look expired to it early; say so where an admin looks."""
+    from monitor.models import Heartbeat
+
+    log.warning(
+        "results from region %s were sealed %.0f s in the future: that worker's clock is "
+        "ahead of this server's (sealed time taken as now)",
+        region_slug,
+        ahead_s,
+    )
+    Heartbeat.add(CLOCK_AHEAD_COUNTER + region_slug)
 
 
 # --- a region worker's side (RW_REGION, RW_REGION_KEYS; no master key) ------------------------

@@ -4,6 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
+from django.utils import timezone
 
 from monitor.models import Region, RegionKey
 
@@ -27,6 +28,10 @@ class Command(BaseCommand):
             raise CommandError(f"no region with slug {options['region']!r}")
         with transaction.atomic():
             if options["replace"]:
-                region.keys.update(is_active=False)
+                # Results its workers sealed with the old keys still open for a while
+                # (monitor.pipeline.signing.results_grace).
+                region.keys.filter(is_active=True).update(
+                    is_active=False, deactivated_at=timezone.now()
+                )
             key, secret = RegionKey.issue(region)
         self.stdout.write(f"{key.key_id}:{secret}")
