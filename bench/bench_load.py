@@ -658,7 +658,7 @@ def run(ns: argparse.Namespace) -> int:
             measured = _timings(cursor, start, end)
             lag_known = probe_stats.has_start_lag(cursor)
             start_lags = probe_stats.start_lags_ms(cursor, start, end) if lag_known else []
-            late, other_missed = probe_stats.missed(cursor, start, end)
+            late, unsent, other_missed = probe_stats.missed(cursor, start, end)
             flight = [n for _, n in probe_stats.in_flight(cursor, start, end)]
             # Of the probes that started in each phase (its first 2 s left out).
             by_nice: dict[int, tuple[list[float], list[float]]] = {}
@@ -693,7 +693,10 @@ def run(ns: argparse.Namespace) -> int:
         f"still open{f' (swept {swept})' if swept else ''}, ~{absent:,} never created  "
         f"{'ok' if missed_ok else 'MISSES TARGET'} (0 missed)"
     )
-    print(f"  missed results: {late:,} started late (not run), {other_missed:,} other")
+    print(
+        f"  missed results: {late:,} started late (a worker did not run them), {unsent:,} not "
+        f"sent (the tick created them too late), {other_missed:,} no result by the deadline"
+    )
     if lag_known:
         start_p99_s = _p(start_lags, 0.99) / 1000
         print(

@@ -336,7 +336,7 @@ def _report(done: list[Step], idle_rss: float, ticker: Ticker) -> None:
         for s in done:
             flight = [n for _, n in probe_stats.in_flight(cursor, s.hold_start, s.hold_end)]
             lags = probe_stats.start_lags_ms(cursor, s.hold_start, s.hold_end) if lag_known else []
-            late, other = probe_stats.missed(cursor, s.hold_start, s.hold_end)
+            late, unsent, other = probe_stats.missed(cursor, s.hold_start, s.hold_end)
             mean = probe_stats.mean(flight)
             per_k = (s.worker_rss_mib - idle_rss) / (mean / 1000) if mean else float("nan")
             print(
@@ -344,7 +344,7 @@ def _report(done: list[Step], idle_rss: float, ticker: Ticker) -> None:
                 f"{late:5} {len(lags):6} {s.worker_cpu:6.2f} cores {s.worker_wait:6.2f}/s "
                 f"{s.worker_rss_mib:5.0f}MiB "
                 f"{per_k:7.0f} MiB {s.sim_cpu:7.2f} {s.ingest_cpu:6.2f}"
-                + (f"  ({other} missed otherwise)" if other else "")
+                + (f"  ({unsent + other} missed otherwise)" if unsent + other else "")
             )
     if not lag_known:
         print("  start lag: not recorded by this version (no start_lag_ms column)")

@@ -11,6 +11,7 @@ from typing import Any
 # flight at a window's start started at most this long before it.
 LONGEST_PROBE = timedelta(seconds=900)
 LATE = "started late"
+UNSENT = "not sent"
 
 
 def has_start_lag(cursor: Any) -> bool:
@@ -33,16 +34,18 @@ def start_lags_ms(cursor: Any, since: datetime, until: datetime) -> list[float]:
     return [float(r[0]) for r in cursor.fetchall()]
 
 
-def missed(cursor: Any, since: datetime, until: datetime) -> tuple[int, int]:
-    """Missed results of the slots in [since, until): (not started, too late; the others)."""
+def missed(cursor: Any, since: datetime, until: datetime) -> tuple[int, int, int]:
+    """Missed results of the slots in [since, until), by cause: (started late: a worker did
+    not run it, past its start bound; not sent: the tick created the slot too late to send
+    it; the rest: no result by the deadline)."""
     cursor.execute(
         "SELECT count(*) FILTER (WHERE error_detail LIKE %s), "
-        "count(*) FILTER (WHERE error_detail NOT LIKE %s) FROM monitor_proberesult "
+        "count(*) FILTER (WHERE error_detail LIKE %s), count(*) FROM monitor_proberesult "
         "WHERE outcome = 'missed' AND slot_at >= %s AND slot_at < %s",
-        [LATE + "%", LATE + "%", since, until],
+        [LATE + "%", UNSENT + "%", since, until],
     )
-    late, other = cursor.fetchone()
-    return int(late), int(other)
+    late, unsent, total = cursor.fetchone()
+    return int(late), int(unsent), int(total) - int(late) - int(unsent)
 
 
 def in_flight(
