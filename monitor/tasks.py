@@ -105,12 +105,17 @@ def publish_or_spool(kind: spool.SpoolKind, body: object, count: int) -> bool:
     """Send results to ingest; when the broker cannot take them, keep them in the spool.
     Returns whether they were sent now. Never raises: the results are already paid for, and
     a broker client caught mid-reconnect fails with errors of any type (kombu's Redis transport
-    raises AttributeError while its connection is being replaced), so any failure spools."""
+    raises AttributeError while its connection is being replaced), so any failure spools; and
+    a spool that cannot take them either (its disk full) counts them dropped, so the batch's
+    other probes, still running, go on (an exception here would cancel them)."""
     try:
         _publish({"kind": kind, "spooled_at": 0.0, "count": count, "body": body})
     except Exception as exc:  # any failure to publish spools (see above)
         log.warning("cannot publish %d %s to ingest (%s)", count, kind, type(exc).__name__)
-        spool.save(kind, body, count)
+        try:
+            spool.save(kind, body, count)
+        except Exception as lost:  # ENOSPC, a read-only or vanished directory: see above
+            spool.record_dropped(kind, count, lost)
         return False
     return True
 

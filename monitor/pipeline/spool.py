@@ -6,7 +6,9 @@ again before the next batch and every RW_SPOOL_RETRY_SECONDS. Ingest stores a re
 measured inside its slot's deadline however late it arrives, so a spooled result still counts.
 
 Bounded: at most SPOOL_MAX_BATCHES files and SPOOL_MAX_BYTES bytes; past either, the oldest are
-dropped, each drop logged with how many results went and the total dropped so far.
+dropped, each drop logged with how many results went and the total dropped so far. A message
+that cannot be written at all (the disk is full) is dropped the same way (`record_dropped`):
+counted, logged, and the batch's other probes go on.
 
 Several processes (a prefork worker's children, its periodic flusher) share the directory: a
 file is claimed by renaming it to a name carrying the claimer's pid, so each is published by
@@ -19,6 +21,7 @@ import contextlib
 import json
 import logging
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -34,6 +37,10 @@ SpoolKind = Literal["results", "race", "scenario"]
 _SUFFIX = ".json"
 _CLAIMED = ".claimed-"
 _DROPPED_FILE = "dropped-results.count"
+# Drops this process could not write to the counter yet (its disk was full): added at the next
+# write that succeeds. The region worker is one process (Celery's threads pool).
+_unwritten = 0
+_counter_lock = threading.Lock()
 
 
 class SpoolEntry(TypedDict):
@@ -68,12 +75,38 @@ def save(kind: SpoolKind, body: object, count: int) -> Path:
     entry: SpoolEntry = {"kind": kind, "spooled_at": time.time(), "count": count, "body": body}
     name = f"{time.time_ns():020d}-{os.getpid()}-{uuid.uuid4().hex[:8]}{_SUFFIX}"
     tmp = path / f".{name}.tmp"
-    with open(tmp, "w", opener=lambda p, f: os.open(p, f, 0o600)) as fh:
-        json.dump(entry, fh)
-    tmp.replace(path / name)
+    try:
+        with open(tmp, "w", opener=lambda p, f: os.open(p, f, 0o600)) as fh:
+            json.dump(entry, fh)
+        tmp.replace(path / name)
+    except BaseException:
+        with contextlib.suppress(OSError):  # a partial file would keep the disk full
+            tmp.unlink()
+        raise
     log.warning("broker unavailable: %d %s kept in the local spool (%s)", count, kind, path)
+    if _unwritten:
+        _add_dropped(path, 0)
     _enforce_bounds(path)
     return path / name
+
+
+def record_dropped(kind: SpoolKind, count: int, exc: BaseException) -> int:
+    """A message that could be neither published nor spooled: its results are counted with
+    the spool's drops and logged once; returns the total dropped so far."""
+    try:
+        total = _add_dropped(directory(), count)
+    except OSError:
+        total = dropped_total() + count
+    log.error(
+        "cannot keep %d %s in the local spool (%s: %s): dropped; %d results dropped from this "
+        "spool in all",
+        count,
+        kind,
+        type(exc).__name__,
+        getattr(exc, "strerror", None) or "",
+        total,
+    )
+    return total
 
 
 def _count(path: Path) -> int:
@@ -85,21 +118,35 @@ def _count(path: Path) -> int:
 
 
 def _add_dropped(path: Path, n: int) -> int:
+    """Add n to the counter file; returns the total. Written whole beside it and renamed, so a
+    full disk leaves the old total readable; what could not be written waits in `_unwritten`."""
+    global _unwritten
     counter = path / _DROPPED_FILE
-    try:
-        total = int(counter.read_text().strip() or 0)
-    except (OSError, ValueError):
-        total = 0
-    total += n
-    counter.write_text(str(total))
-    return total
+    with _counter_lock:
+        try:
+            total = int(counter.read_text().strip() or 0)
+        except (OSError, ValueError):
+            total = 0
+        total += n + _unwritten
+        tmp = path / f".{_DROPPED_FILE}.{os.getpid()}.tmp"
+        try:
+            tmp.write_text(str(total))
+            tmp.replace(counter)
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            _unwritten += n
+        else:
+            _unwritten = 0
+        return total
 
 
 def dropped_total() -> int:
     try:
-        return int((directory() / _DROPPED_FILE).read_text().strip() or 0)
+        written = int((directory() / _DROPPED_FILE).read_text().strip() or 0)
     except (OSError, ValueError):
-        return 0
+        written = 0
+    return written + _unwritten
 
 
 def _enforce_bounds(path: Path) -> None:
