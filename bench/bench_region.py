@@ -98,6 +98,22 @@ def _waited_s(pid: int) -> float:
     return total
 
 
+def _drain(redis_url: str, ticker: Ticker, most_s: float) -> None:
+    """Wait until the worker carries nothing and the ingest queue is empty (at most most_s)."""
+    import redis as redis_client
+
+    from monitor.pipeline.messages import INGEST_QUEUE
+
+    broker = redis_client.Redis.from_url(redis_url)
+    until = time.monotonic() + most_s
+    while time.monotonic() < until:
+        if not _beacon_in_flight() and not broker.llen(INGEST_QUEUE):
+            ticker.sleep(5)  # the last chunk of results, taken but not yet stored
+            return
+        ticker.sleep(5)
+    print(f"results still coming after {most_s:.0f} s: the last steps may lack rows")
+
+
 def _beacon_in_flight() -> int | None:
     from monitor.pipeline import liveness
 
@@ -296,8 +312,10 @@ def run(ns: argparse.Namespace) -> int:
                 print(f"start lag p99 of step {done[-2].target} passed {ns.knee_ms} ms: stop")
                 break
         Task.objects.update(is_active=False)
-        # The last probes end, and reach the database.
-        ticker.sleep(LONGEST_E2E_S + 15)
+        # The last probes end, and their results reach the database (a saturated worker or
+        # ingest can be minutes behind: the figures would lack the last steps' rows).
+        ticker.sleep(LONGEST_E2E_S)
+        _drain(redis_url, ticker, ns.drain)
     finally:
         for p in reversed(procs):
             p.stop()
@@ -372,6 +390,12 @@ def main() -> None:
         type=int,
         default=None,
         help="RW_WORKER_NICE of the workers (default: the product's, 10)",
+    )
+    parser.add_argument(
+        "--drain",
+        type=float,
+        default=600,
+        help="at most this long (s) for the last results to reach the database",
     )
     parser.add_argument(
         "--keep-db", action="store_true", help="leave the bench database filled afterwards"
