@@ -643,9 +643,11 @@ class _Runs:
         )
 
     def last_slots(self, end: datetime) -> list[datetime]:
-        """The slots on the task's live schedule in its last interval plus deadline."""
+        """The slots on the task's live schedule in its last two intervals (or its last interval
+        and deadline, when shorter): a run of up to an interval has ended by now, and no more
+        of them than live probing would have made in that time reach the current hour."""
         interval = self.task.probe_interval_s
-        since = end - timedelta(seconds=interval + self.task.probe_timeout_s)
+        since = end - timedelta(seconds=interval + min(self.task.probe_timeout_s, interval))
         phase = phase_s(self.task.pk, self.route.pk, self.region.pk, interval)
         hourly = set(_slot_times(since, end, self.phase, self.interval_s))
         return [at for at in _slot_times(since, end, phase, interval) if at not in hourly]

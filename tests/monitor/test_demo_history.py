@@ -303,21 +303,18 @@ def test_a_scenario_task_gets_whole_runs_marked_and_hidden_like_the_rest(
         lines = {line.route: line for line in page.context["page"].scenario.lines}
         assert set(lines) == set(task.routes.all())
         for route, line in lines.items():
+            assert line.p50.point is not None, (route, region)
             if route == reasoner:
                 continue
-            assert line.p50.point is not None, (route, region)
             # Its calls one after another: about what the calculator says from their medians
             # (more, as measured runs do: a queue's slow draws add up over ten calls).
             assert line.ratio is not None
             assert 0.9 < line.ratio < 1.6, (route, region, line.ratio)
-        # Ten calls of about 55 s each do not fit the task's 300 s deadline: the reasoning
-        # route's runs last minutes and stop there, as live ones would.
-        assert lines[reasoner].p50.point is None
-    stopped = runs.filter(route=reasoner)
-    assert not stopped.filter(outcome=OUTCOME_OK).exists()
-    assert stopped.filter(error_kind__startswith="timeout", app_e2e_ms__gt=240_000).count() > (
-        stopped.count() * 0.8
-    )
+    # Ten calls of about 55 s each: the reasoning route's runs last about 9 minutes, inside
+    # the task's 900 s deadline, and end in an answer, as live ones do.
+    slow = runs.filter(route=reasoner, outcome=OUTCOME_OK)
+    assert slow.count() > runs.filter(route=reasoner).count() * 0.8
+    assert not slow.filter(app_e2e_ms__lt=300_000).exists()
     wafer = runs.filter(route__model_id="wafer-llama-70b", outcome=OUTCOME_OK).first()
     assert wafer is not None
     assert wafer.app_e2e_ms is not None
@@ -338,7 +335,7 @@ def test_a_scenario_task_gets_whole_runs_marked_and_hidden_like_the_rest(
     with time_machine.travel(info.end + timedelta(minutes=10), tick=False):
         url = reverse("rw-task", args=[task.slug])
         shown = client.get(url).context["page"].scenario
-        assert sum(line.p50.point is not None for line in shown.lines) == 7
+        assert sum(line.p50.point is not None for line in shown.lines) == 8
         client.post(reverse("rw-demo-history"), {"hide": "1"})
         hidden = client.get(url).context["page"].scenario
         assert all(line.p50.point is None for line in hidden.lines)
