@@ -41,9 +41,11 @@ def lower_cpu_priority(wanted: int) -> None:
 
 @celeryd_init.connect
 def _lower_worker_priority(**_: Any) -> None:
-    """Workers (region, ingest, scheduler) give the web the CPU first on a shared machine:
+    """Workers (ingest, scheduler; region workers at RW_REGION_WORKER_NICE, 0 by default: their
+    start lag counts every wait for a CPU) give the web the CPU first on a shared machine:
     measured with `make bench-load --alternate-nice 0,10`, page p95 under load falls by more
     than half; the price is a few ms on probes' TTFT p99 there (README, "Scaling")."""
     from django.conf import settings
 
-    lower_cpu_priority(int(settings.WORKER_NICE))
+    region = bool(getattr(settings, "RW_REGION", ""))
+    lower_cpu_priority(int(settings.REGION_WORKER_NICE if region else settings.WORKER_NICE))

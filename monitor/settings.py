@@ -128,6 +128,11 @@ try:
     # Probe timings come from the kernel's receive timestamps, so waiting for a CPU does not
     # enter them. 0: the same priority as the web.
     WORKER_NICE = envint("RW_WORKER_NICE", 10, minimum=0, maximum=19)
+    # A region worker (RW_REGION set) keeps the web's priority by default: a probe's start lag
+    # counts every moment it waits for a CPU (its timings do not: kernel timestamps), and at
+    # nice 10 beside busy ingest and pages a region worker's start lag p99 was 12 s against
+    # 154 ms at nice 0 (bench/RESULTS.md, make bench-region). Its probes cost little CPU.
+    REGION_WORKER_NICE = envint("RW_REGION_WORKER_NICE", 0, minimum=0, maximum=19)
     EMAIL_BACKEND = envstr("EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
     EMAIL_HOST = envstr("EMAIL_HOST", "localhost")
     EMAIL_PORT = envint("EMAIL_PORT", 25, minimum=1, maximum=65535)
