@@ -283,14 +283,14 @@ def test_an_application_reads_the_answer_over_a_real_socket(live_server, world: 
 def test_the_readme_example_works_against_a_real_server(
     live_server, world: World, monkeypatch
 ) -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Use the answer from an application") :]
+    readme = (ROOT / "docs" / "pages-api-metrics.md").read_text()
+    section = readme[readme.index("# Use the answer from an application") :]
     code = section[section.index("```python\n") + len("```python\n") :].split("```")[0]
     assert len(code.strip().splitlines()) <= 14
     monkeypatch.setenv("ROUTEWATCH_URL", live_server.url)
     monkeypatch.setenv("ROUTEWATCH_TOKEN", make_token())
     namespace: dict = {}
-    exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 (our own README)
+    exec(compile(code, "pages-api-metrics.md", "exec"), namespace)  # noqa: S102 (our docs)
     answer, etag = namespace["fastest_route"]("arithmetic", "eu-west")
     assert answer["route"]["model_id"] in {r.model_id for r in world.routes.values()}
     assert etag.startswith('"')
