@@ -643,11 +643,12 @@ class _Runs:
         )
 
     def last_slots(self, end: datetime) -> list[datetime]:
-        """The slots on the task's live schedule in its last two intervals (or its last interval
-        and deadline, when shorter): a run of up to an interval has ended by now, and no more
-        of them than live probing would have made in that time reach the current hour."""
+        """The slots on the task's live schedule in its last interval and deadline: a run as
+        long as its deadline allows has ended by now (one started in that interval), so every
+        route's last run is fresh (Task.stale_after) however slow the route; and they are the
+        runs live probing would have made in that time."""
         interval = self.task.probe_interval_s
-        since = end - timedelta(seconds=interval + min(self.task.probe_timeout_s, interval))
+        since = end - timedelta(seconds=interval + self.task.probe_timeout_s)
         phase = phase_s(self.task.pk, self.route.pk, self.region.pk, interval)
         hourly = set(_slot_times(since, end, self.phase, self.interval_s))
         return [at for at in _slot_times(since, end, phase, interval) if at not in hourly]

@@ -390,15 +390,49 @@ CELERY_BEAT_SCHEDULE = {
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 
-# --- logging: API keys never reach a log line (monitor.logging_filters.RedactSecrets) --------
+# --- logging: API keys never reach a log line (monitor.logfilters.RedactSecrets) -------------
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"redact": {"()": "monitor.logfilters.RedactSecrets"}},
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "filters": {
+        "redact": {"()": "monitor.logfilters.RedactSecrets"},
+        "require_debug_true": {"()": "django.utils.log.RequireDebugTrue"},
+        "require_debug_false": {"()": "django.utils.log.RequireDebugFalse"},
+    },
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "django.server": {
+            "()": "django.utils.log.ServerFormatter",
+            "format": "[{server_time}] {message}",
+            "style": "{",
+        },
+    },
+    # Django's own handlers (django.utils.log.DEFAULT_LOGGING) are declared again here with
+    # the redaction filter, so they keep it however often logging is configured: django.setup
+    # configures it afresh each time it runs, and Celery's Django fixup runs it again.
     "handlers": {
-        "console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact"]}
+        "console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact"]},
+        "django_console": {
+            "class": "logging.StreamHandler",
+            "level": "INFO",
+            "filters": ["require_debug_true", "redact"],
+        },
+        "django.server": {
+            "class": "logging.StreamHandler",
+            "level": "INFO",
+            "formatter": "django.server",
+            "filters": ["redact"],
+        },
+        "mail_admins": {
+            "class": "django.utils.log.AdminEmailHandler",
+            "level": "ERROR",
+            "filters": ["require_debug_false", "redact"],
+        },
     },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
-    "loggers": {"django.db.backends": {"level": "INFO"}},
+    "loggers": {
+        "django": {"handlers": ["django_console", "mail_admins"], "level": "INFO"},
+        "django.server": {"handlers": ["django.server"], "level": "INFO", "propagate": False},
+        "django.db.backends": {"level": "INFO"},
+    },
 }

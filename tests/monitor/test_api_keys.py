@@ -13,6 +13,7 @@ from django.core.management import call_command
 from django.db import connection
 from django.test import Client
 from django.urls import reverse
+from django.utils.log import configure_logging
 
 from monitor.crypto import ApiKeyDecryptionError
 from monitor.logfilters import RedactSecrets, register_secret
@@ -137,9 +138,16 @@ def test_log_output_never_holds_a_decrypted_key(db: None) -> None:
     assert "z" * 20 not in output
 
 
-def test_djangos_own_log_handlers_redact_too_with_debug_on(db: None, settings: Any) -> None:
+@pytest.mark.parametrize("configured", ["once", "again"])
+def test_djangos_own_log_handlers_redact_too_with_debug_on(
+    db: None, settings: Any, configured: str
+) -> None:
     # Django configures handlers of its own (the `django` logger's console handler prints
     # when DEBUG is on, before the record reaches ours; `django.server` logs request lines).
+    # django.setup configures logging afresh each time it runs (Celery's Django fixup runs it
+    # again in a worker): the handlers it then makes must redact as well.
+    if configured == "again":
+        configure_logging(settings.LOGGING_CONFIG, settings.LOGGING)
     settings.DEBUG = True
     register_secret(CANARY)
     streams: list[tuple[logging.StreamHandler[Any], Any, io.StringIO]] = []
