@@ -1629,7 +1629,7 @@ class Subscription(models.Model):
 class WinnerChange(models.Model):
     """When and why the fastest qualifying route of a task in a region changed (route None:
     no route qualifies). The latest row per (task, region) is the incumbent, which a
-    challenger replaces only when faster with confidence (monitor.stats.selection)."""
+    challenger replaces only when faster with confidence (monitor.answer.selection)."""
 
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="winner_changes")
     region = models.ForeignKey(Region, on_delete=models.CASCADE, related_name="winner_changes")

@@ -2,7 +2,7 @@
 
 For a week that ends at the subscriber's chosen local time (rounded down to the hour, so it is
 exactly 168 hourly rollup buckets) and the week before it, per task:
-- per region, the fastest qualifying route of each week (monitor.stats.selection over the week's
+- per region, the fastest qualifying route of each week (monitor.answer.selection over the week's
   rollups, quality from all regions) and, when it changed, why: a faster route appeared, last
   week's winner dropped below the quality bar, or it failed too often to be measured;
 - p50/p95 TTFT and e2e of the fastest route, week over week, with a direction;
@@ -24,6 +24,7 @@ from django.conf import settings
 from django.db.models import QuerySet
 from django.urls import NoReverseMatch, reverse
 
+from monitor.answer import selection
 from monitor.models import (
     APP_E2E_METRICS,
     BUDGET_STATUSES,
@@ -40,7 +41,7 @@ from monitor.models import (
     Subscription,
     Task,
 )
-from monitor.stats import rollups, selection
+from monitor.stats import rollups
 from monitor.stats.confidence import NO_ESTIMATE, Estimate, percentile
 from monitor.stats.rollups import Stats
 from monitor.templatetags.rw import ms as format_ms

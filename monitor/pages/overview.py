@@ -17,6 +17,7 @@ from django.conf import settings
 from django.template.loader import render_to_string
 from django.utils import timezone
 
+from monitor.answer import selection, winners
 from monitor.models import (
     LATENCY_METRICS,
     METRIC_E2E_P95,
@@ -32,7 +33,6 @@ from monitor.models import (
     WinnerChange,
     fresh_within,
 )
-from monitor.stats import selection, winners
 from monitor.stats.rollups import Stats
 
 WINDOW = timedelta(hours=24)
@@ -314,7 +314,7 @@ def max_age() -> timedelta:
 
 
 def refresh(now: datetime | None = None, *, keep_settled: bool = False) -> Overview:
-    """Rebuild the snapshot, and record every winner that changed (monitor.stats.winners).
+    """Rebuild the snapshot, and record every winner that changed (monitor.answer.winners).
     `keep_settled`: for beat's rebuild every few seconds over the same sliding window, read the
     window's settled hours once an hour, not every time (rollups.stats_over)."""
     now = now or timezone.now()

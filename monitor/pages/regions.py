@@ -8,10 +8,11 @@ from datetime import datetime, timedelta
 
 from django.db.models import prefetch_related_objects
 
+from monitor.answer import selection
+from monitor.answer import winners as stats_winners
 from monitor.models import Region, Route, Task
 from monitor.pages.common import Range
-from monitor.stats import rollups, selection
-from monitor.stats import winners as stats_winners
+from monitor.stats import rollups
 from monitor.stats.rollups import Stats
 
 # metric key -> (label, unit); a metric the task sets a budget on is coloured by it

@@ -1,7 +1,7 @@
 """The task page: every candidate route on quality vs speed, ranked, with the what-if.
 
 One rollup query (the task's rows over the window, in one region or all regions merged)
-gives both latency and quality; routes are chosen by monitor.stats.selection, as on the overview.
+gives both latency and quality; routes are chosen by monitor.answer.selection, as on the overview.
 """
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypedDict
 
+from monitor.answer import selection, winners
 from monitor.models import METRIC_E2E_P95, METRIC_TTFT_P95, Region, Route, Task, WinnerChange
 from monitor.pages import scenario as pages_scenario
 from monitor.pages import whatif as pages_whatif
 from monitor.pages.common import Range
 from monitor.pages.overview import metric_label
-from monitor.stats import selection, winners
 from monitor.stats.rollups import Stats
 
 Y_PASSING = "pass rate (%)"

@@ -3,7 +3,7 @@ confidence".
 
 Every interval here is a two-sided 95% interval (LEVEL):
 - A rate (pass rate, error rate) out of n probes: the Wilson score interval. A route clears a
-  pass-rate bar only when the whole interval is at or above it (monitor.stats.selection).
+  pass-rate bar only when the whole interval is at or above it (monitor.answer.selection).
 - A percentile: the distribution-free order-statistic interval. For the q-th percentile of n
   samples, the ranks l and u are the widest the binomial Bin(n, q) allows at 2.5% on each side:
   P(B < l) <= 2.5% and P(B < u) >= 97.5%; the interval is [sample l, sample u], read from the

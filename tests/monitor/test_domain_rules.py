@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db.models import DecimalField, IntegerField
 
+from monitor.answer import selection
 from monitor.models import (
     METRIC_E2E_P50,
     METRIC_E2E_P95,
@@ -19,7 +20,7 @@ from monitor.models import (
     Rollup,
     Task,
 )
-from monitor.stats import rollups, selection
+from monitor.stats import rollups
 
 NOW = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
 

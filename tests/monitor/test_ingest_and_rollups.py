@@ -7,9 +7,10 @@ from decimal import Decimal
 import pytest
 import time_machine
 
+from monitor.answer import selection
 from monitor.models import GRAIN_DAY, GRAIN_HOUR, ProbeResult, ProbeSlot, RaceRun, Rollup
 from monitor.pipeline import ingest
-from monitor.stats import hist, rollups, selection
+from monitor.stats import hist, rollups
 from tests.monitor import factories as f
 
 T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)

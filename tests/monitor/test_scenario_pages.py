@@ -12,6 +12,7 @@ from django.test import Client
 from django.utils import timezone
 
 from monitor import scenario_presets
+from monitor.answer import selection
 from monitor.models import (
     GRAIN_HOUR,
     METRIC_APP_E2E_P50,
@@ -24,7 +25,7 @@ from monitor.models import (
     Task,
 )
 from monitor.pipeline import ingest, scenarios
-from monitor.stats import rollups, selection
+from monitor.stats import rollups
 from tests.monitor import factories as f
 
 pytestmark = pytest.mark.django_db

@@ -4,9 +4,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from monitor.answer import selection
 from monitor.models import GRAIN_HOUR
 from monitor.pipeline import ingest
-from monitor.stats import rollups, selection
+from monitor.stats import rollups
 from tests.monitor import factories as f
 
 T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)

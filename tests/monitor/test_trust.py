@@ -17,6 +17,7 @@ from decimal import Decimal
 
 import pytest
 
+from monitor.answer import selection, winners
 from monitor.models import (
     CLASS_ASYNC,
     CLASS_BATCH,
@@ -32,7 +33,7 @@ from monitor.models import (
 )
 from monitor.pages import overview
 from monitor.pipeline import ingest, slots
-from monitor.stats import confidence, hist, rollups, selection, winners
+from monitor.stats import confidence, hist, rollups
 from monitor.stats.rollups import Stats
 from tests.monitor import factories as f
 

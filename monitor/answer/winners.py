@@ -1,6 +1,6 @@
 """The incumbent: who wins each (task, region) now, since when and why.
 
-Selection (monitor.stats.selection) keeps the incumbent unless it stops qualifying or a
+Selection (monitor.answer.selection) keeps the incumbent unless it stops qualifying or a
 challenger is faster with confidence, so the winner does not flip back and forth between routes
 within noise of each other. The incumbent is the latest WinnerChange row of its (task, region);
 `record` adds a row each time a choice names another winner, with the reason it gave.
@@ -13,8 +13,8 @@ from datetime import datetime
 
 from django.db import connection, transaction
 
+from monitor.answer.selection import Choice
 from monitor.models import WinnerChange
-from monitor.stats.selection import Choice
 
 Key = tuple[int, int]  # (task id, region id)
 

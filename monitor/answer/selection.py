@@ -286,7 +286,7 @@ def choose(
     incumbent: int | None = None,
 ) -> Choice:
     """`latency`: per route id, stats in this region; `quality`: per route id, all regions;
-    `incumbent`: the current winner's route id (monitor.stats.winners), kept unless it stops
+    `incumbent`: the current winner's route id (monitor.answer.winners), kept unless it stops
     qualifying or a challenger is faster with confidence; `now` judges "failing"."""
     metric = task.ranking_metric(routes)
     q = int(metric.partition("_p")[2])
