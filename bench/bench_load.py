@@ -424,8 +424,8 @@ def run(ns: argparse.Namespace) -> int:
         f"tick every {tick_s} s; {ns.ingest_workers} ingest worker(s) x concurrency "
         f"{ns.ingest_concurrency}, region workers {' '.join(region_args)}, "
         f"results flushed every {ns.flush} s, workers at nice "
-        f"{env.get('RW_WORKER_NICE', 'the product default')}, "
-        f"{'a scheduler worker of its own' if ns.scheduler_worker else 'ticks on the ingest workers'}",
+        f"{env.get('RW_WORKER_NICE', 'the product default')}, the tick on a scheduler worker "
+        "of its own",
         flush=True,
     )
     with contextlib.suppress(Exception):
@@ -475,32 +475,30 @@ def run(ns: argparse.Namespace) -> int:
             tmp / "simulator.log",
         )
     ]
-    if ns.scheduler_worker:
-        # The tick, the sweep and the overview rebuild in a process of their own, never
-        # queued behind ingest messages.
-        procs.append(
-            Proc(
-                "scheduler",
-                "scheduler worker",
-                [
-                    *celery,
-                    "worker",
-                    "--loglevel",
-                    "INFO",
-                    "--queues",
-                    "default",
-                    "--hostname",
-                    "scheduler@%h",
-                    "--concurrency",
-                    "1",
-                    "--without-gossip",
-                    "--without-mingle",
-                ],
-                env,
-                tmp / "scheduler.log",
-            )
+    # The tick alone, as the product runs it (monitor.pipeline.queues.SCHEDULE_QUEUE).
+    procs.append(
+        Proc(
+            "scheduler",
+            "scheduler worker",
+            [
+                *celery,
+                "worker",
+                "--loglevel",
+                "INFO",
+                "--queues",
+                "schedule",
+                "--hostname",
+                "scheduler@%h",
+                "--concurrency",
+                "1",
+                "--without-gossip",
+                "--without-mingle",
+            ],
+            {**env, "RW_WORKER_NICE": "0"},
+            tmp / "scheduler.log",
         )
-    ingest_queues = "ingest" if ns.scheduler_worker else "ingest,default"
+    )
+    ingest_queues = "ingest,default"  # with the overview rebuild and beat's other tasks
     for i in range(ns.ingest_workers):
         procs.append(
             Proc(
@@ -842,12 +840,6 @@ def main() -> None:
         type=int,
         default=None,
         help="messages at once per region worker (default: monitor.limits.region_worker_args)",
-    )
-    parser.add_argument(
-        "--scheduler-worker",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="tick, sweep and overview in a worker of their own (queue default)",
     )
     parser.add_argument(
         "--worker-nice",

@@ -370,6 +370,25 @@ def stack_processes(env: dict[str, str], port: int) -> list[Child]:
             ],
             stop_first=True,
         ),
+        # The tick alone (monitor.pipeline.queues.SCHEDULE_QUEUE), at the web's CPU priority:
+        # a tick that waits creates its slots late, and they are recorded missed.
+        Child(
+            "scheduler",
+            [
+                *celery,
+                "worker",
+                "--loglevel",
+                "INFO",
+                "--queues",
+                "schedule",
+                "--hostname",
+                "scheduler@%h",
+                "--concurrency",
+                "1",
+            ],
+            env={"RW_WORKER_NICE": "0"},
+            stop_first=True,
+        ),
         Child(
             "ingest",
             [

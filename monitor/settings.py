@@ -351,6 +351,8 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": limits.VISIBILITY_TIMEOUT_S}
 CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_TASK_ROUTES = {
+    # monitor.pipeline.queues.SCHEDULE_QUEUE: its own worker process (the scheduler).
+    "monitor.tasks.tick": {"queue": "schedule"},
     "monitor.tasks.ingest_results": {"queue": "ingest"},
     "monitor.tasks.ingest_race": {"queue": "ingest"},
     "monitor.tasks.ingest_scenario": {"queue": "ingest"},

@@ -35,6 +35,10 @@ from django.conf import settings
 log = logging.getLogger(__name__)
 
 INGEST_QUEUE_NAMES = ("ingest", "default")
+# Beat's tick has a queue and a worker process of its own: it never waits behind an overview
+# rebuild or an ingest message (at the realistic mix's 1x, a rebuild took 14 s, and ticks that
+# waited behind it created their slots too late to send).
+SCHEDULE_QUEUE = "schedule"
 DEAD_LETTER_KEY = "routewatch:dead-letters"
 DEAD_LETTER_MALFORMED_KEY = "routewatch:dead-letters:malformed"
 # kombu's Redis transport: priority steps [0, 3, 6, 9], each non-zero one in "<queue>\x06\x16<n>".
@@ -275,9 +279,9 @@ def replay_dead_letters(limit: int | None = None) -> tuple[int, int]:
 
 
 def known_queues(region_queue_names: Iterable[str]) -> list[str]:
-    """Every queue Routewatch uses: ingest's, the default one (beat's periodic tasks) and one
-    per region."""
-    return [*INGEST_QUEUE_NAMES, *sorted(region_queue_names)]
+    """Every queue Routewatch uses: the tick's, ingest's, the default one (beat's other
+    periodic tasks) and one per region."""
+    return [SCHEDULE_QUEUE, *INGEST_QUEUE_NAMES, *sorted(region_queue_names)]
 
 
 class BrokerFigures(TypedDict):

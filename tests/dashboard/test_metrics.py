@@ -331,6 +331,7 @@ def test_queue_depth_counts_the_messages_waiting_in_each_celery_queue(
     assert one(body, "routewatch_broker_up") == 1
     depths = {dict(k)["queue"]: v for k, v in series(body, "routewatch_queue_depth").items()}
     assert depths == {
+        "schedule": 0,
         "default": 0,
         "ingest": 1,
         "probes.eu-west": 3,

@@ -21,7 +21,7 @@ def test_beat_ticks_and_a_worker_runs_the_tick(tmp_path: Path) -> None:
     env = support.child_env(connection.settings_dict, TICK_SECONDS="1")
     worker = support.start(
         support.celery(
-            "worker", "--queues", "ingest,default", "--pool", "solo", "--loglevel", "INFO"
+            "worker", "--queues", "schedule,ingest,default", "--pool", "solo", "--loglevel", "INFO"
         ),
         env,
         tmp_path / "worker.log",

@@ -94,7 +94,7 @@ def _start(s: ProcessStack, sim: SimulatorProcess) -> None:
     s.start(
         "ingest",
         support.celery(
-            "worker", "-Q", "ingest,default", "-c", "2", "-n", "ingest@%h", "-l", "INFO"
+            "worker", "-Q", "schedule,ingest,default", "-c", "2", "-n", "ingest@%h", "-l", "INFO"
         ),
     )
     for slug, rtt in REGIONS:

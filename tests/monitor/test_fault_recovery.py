@@ -62,7 +62,7 @@ REGION_KEYS: dict[str, str] = {}
 
 
 class Stack(ProcessStack):
-    def ingest_worker(self, queues_: str = "ingest,default", **extra: str) -> None:
+    def ingest_worker(self, queues_: str = "schedule,ingest,default", **extra: str) -> None:
         self.start(
             "ingest",
             support.celery("worker", "-Q", queues_, "-c", "2", "-n", "ingest@%h", "-l", "INFO"),
@@ -169,7 +169,9 @@ def test_ingest_stopped_then_restarted_loses_no_on_time_result(
     _configure(sim)
     # Ticks (and their sweep of missed slots) keep running on their own worker, so the sweep
     # records the outage's slots missed before their results can arrive: the hard case.
-    stack.start("default", support.celery("worker", "-Q", "default", "-c", "1", "-n", "default@%h"))
+    stack.start(
+        "default", support.celery("worker", "-Q", "schedule,default", "-c", "1", "-n", "default@%h")
+    )
     stack.ingest_worker("ingest")
     stack.region_worker(sim)
     stack.start("beat", support.celery("beat", "-s", str(stack.tmp / "beat.schedule")))

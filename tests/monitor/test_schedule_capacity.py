@@ -121,7 +121,7 @@ def slow_and_fast(tmp_path: Path) -> Iterator[tuple[ProcessStack, dict[str, Task
             PROVIDER_ALLOW_PRIVATE_NETWORKS="true",
         )
         with running(ProcessStack(tmp_path, env)) as s:
-            s.start("ingest", support.celery("worker", "-Q", "ingest,default", "-c", "2"))
+            s.start("ingest", support.celery("worker", "-Q", "schedule,ingest,default", "-c", "2"))
             s.start("region", support.region_worker(REGION, "rw@%h"), _region_env(keys))
             s.start("beat", support.celery("beat", "-s", str(tmp_path / "beat.schedule")))
             assert support.wait_until(lambda: "ready" in s.log("region"), 30), s.logs()
@@ -249,7 +249,7 @@ def test_a_worker_killed_with_hundreds_of_probes_in_flight_keeps_what_ended_and_
             connection.settings_dict, TICK_SECONDS="2", PROVIDER_ALLOW_PRIVATE_NETWORKS="true"
         )
         with running(ProcessStack(tmp_path, env)) as s:
-            s.start("ingest", support.celery("worker", "-Q", "ingest,default", "-c", "2"))
+            s.start("ingest", support.celery("worker", "-Q", "schedule,ingest,default", "-c", "2"))
             s.start("region", support.region_worker(REGION, "rw@%h"), _region_env(keys))
             assert support.wait_until(lambda: "ready" in s.log("region"), 30), s.logs()
             sent = tasks.send(scheduling.plan())
