@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.db import connections
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -15,7 +16,7 @@ from django.utils import timezone
 from monitor.models import STATUS_OK, STATUS_UNKNOWN, Heartbeat, OverviewSnapshot
 from monitor.pages import overview
 from monitor.pipeline import ingest
-from monitor.tasks import refresh_overview
+from monitor.tasks import OVERVIEW_REBUILD_LOCK, refresh_overview
 from tests.monitor import factories as f
 
 
@@ -145,6 +146,25 @@ def test_beat_paces_a_slow_rebuild_so_it_never_takes_the_whole_worker(world) -> 
     )
     assert refresh_overview.apply().get() == 1  # however slow, never older than readers take
     assert OverviewSnapshot.objects.get().built_at > timezone.now() - timedelta(seconds=5)
+
+
+def test_one_rebuild_at_a_time_however_many_workers_beat_asks(world) -> None:
+    """While one worker rebuilds, the snapshot is old and every ask is due: the others must
+    not start rebuilds of their own (four at once took the ingest workers for minutes)."""
+    other = connections.create_connection("default")
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_lock(%s)", [OVERVIEW_REBUILD_LOCK])
+        assert refresh_overview.apply().get() is None
+        assert not OverviewSnapshot.objects.exists()
+        with other.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [OVERVIEW_REBUILD_LOCK])
+        assert refresh_overview.apply().get() == 1
+        with other.cursor() as cursor:  # and the rebuild gave the lock back
+            cursor.execute("SELECT pg_try_advisory_lock(%s)", [OVERVIEW_REBUILD_LOCK])
+            assert cursor.fetchone()[0]
+    finally:
+        other.close()
 
 
 def test_the_page_says_when_its_figures_were_computed(
