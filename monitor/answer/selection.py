@@ -24,25 +24,40 @@ Among qualifying routes the lowest metric ranks first. Ties (equal to the millis
 the lower p95 e2e, then the lower price for the task's token counts, then the lower route id.
 A batch task prefers the cheapest of the routes tied within noise with the fastest.
 
+First winner: with no incumbent, the best qualifying route is named only once the 95%
+interval of its metric has both ends (confidence.samples_to_close: 6 samples for a median, 72
+for a p95); until then the choice says "collecting: 3 of 6 reference probes".
+
 Stability: the current winner (the incumbent, monitor.models.WinnerChange) stays the winner
-unless it stops qualifying or a challenger is faster with confidence (its 95% interval wholly
-below the incumbent's). Routes whose intervals overlap the winner's are "tied within noise".
-Two routes 1% apart therefore never swap back and forth, and a route 30% faster (lognormal
-spread, sigma 0.3) takes over after a median of about 10 of its probes in the window, within
-30 in 95% of cases (tests/monitor/test_trust.py measures both).
-No route qualifies: `winner` is None and every candidate carries the reason it was left out.
+unless it stops qualifying or a challenger takes over: the challenger is faster with
+confidence (its 95% interval wholly below the incumbent's), or every one of its samples lies
+below every one of the incumbent's (confidence.all_below; five below five is enough, whatever
+the intervals say). Routes whose intervals overlap the winner's are "tied within noise". Two
+routes 1% apart therefore never swap back and forth, and a route 30% faster (lognormal spread,
+sigma 0.3) takes over after a median of about 10 of its probes in the window, within 30 in 95%
+of cases (tests/monitor/test_trust.py measures both; docs/answer.md).
+
+Silence is not evidence: a route with no probe of its own for Task.stale_after() (its slots
+missed by our workers, or not scheduled) keeps its figures here, marked stale, with the facts
+of the silence as the reason. A stale route cannot take a cell; a stale incumbent keeps it
+(a missed slot is ours, never the route's) for up to silence_limit(), after which any fresh
+qualifying route takes over. With no fresh route to take over it stays, marked stale. It loses
+the cell earlier only on its own figures (failing, errors, quality).
+
+No route qualifies: `winner` is None, `reason` says why for the task as a whole (how many routes
+were judged, what each lacked) and every candidate carries its own reason.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, TypeVar
 
-from monitor.models import Region, Route, Task, fresh_within
-from monitor.stats import rollups
+from monitor.models import SLOT_MISSED, ProbeSlot, Region, Route, Task, fresh_within
+from monitor.stats import confidence, hist, rollups
 from monitor.stats.confidence import NO_ESTIMATE, Estimate, Rate, percentile
 from monitor.stats.rollups import Stats
 
@@ -54,6 +69,24 @@ REASON_NO_INDEX = "no quality index"
 REASON_ERRORS = "fails too often"
 REASON_FAILING = "failing"
 REASON_FEW_SAMPLES = "too few samples"
+REASON_SILENT = "no recent probe"
+
+# A winner whose probes stopped arriving keeps its cell this many times Task.stale_after(), and
+# at least an hour (silence_limit).
+SILENCE_KEPT = 3
+SILENCE_KEPT_AT_LEAST = timedelta(hours=1)
+
+
+def silence_limit(task: Task) -> timedelta:
+    """How long a winner with no probe of its own keeps its cell against fresh routes."""
+    return max(SILENCE_KEPT * task.stale_after(), SILENCE_KEPT_AT_LEAST)
+
+
+def _ago(delta: timedelta) -> str:
+    minutes = delta.total_seconds() / 60
+    if minutes < 120:
+        return f"{minutes:.0f} min"
+    return f"{minutes / 60:.1f} h"
 
 
 def _pct(x: float) -> str:
@@ -70,6 +103,11 @@ class Candidate:
     reason: str  # why it does not qualify ("" when it does): one of the REASON_ constants
     detail: str = ""  # the reason with its numbers, for people
     tied: bool = False  # qualifies and within noise of the winner
+    # No probe of its own for Task.stale_after(): its figures are kept, and `silence` says
+    # since when and what we know of why ("no probe for 6 min: 6 slots since were missed by
+    # our ap-south workers").
+    stale: bool = False
+    silence: str = ""
 
     @property
     def metric_ms(self) -> float | None:
@@ -82,6 +120,8 @@ class Choice:
     candidates: list[Candidate]  # the winner, then the qualifying by metric, then the rest
     metric: str = ""
     change: str = ""  # why the winner is not the incumbent ("" when it is, or both are None)
+    # Why no route wins, for the task as a whole ("" when one does).
+    no_winner: str = ""
 
     @property
     def reason(self) -> str:
@@ -89,7 +129,7 @@ class Choice:
             return ""
         if not self.candidates:
             return "no candidate routes"
-        return "no route meets the bar with enough samples"
+        return self.no_winner or "no route meets the bar"
 
     @property
     def runner_up(self) -> Candidate | None:
@@ -237,10 +277,69 @@ def per_route(
     return {k[0]: s for k, s in found.items() if k[0] is not None}
 
 
-def fresh(task: Task, latency: Mapping[K, Stats], now: datetime) -> dict[K, Stats]:
-    """Only the figures probed recently (Task.is_fresh): a route with nothing recent in a
-    region cannot be its fastest."""
-    return {key: s for key, s in latency.items() if task.is_fresh(s.last_probe_at, now)}
+def missed_since(
+    task: Task, region: Region, last_probe_at: Mapping[int, datetime | None], now: datetime
+) -> dict[int, int]:
+    """Per route id, the slots our workers missed in `region` since the route's last probe
+    (within silence_limit() when it never had one): the facts of a silence. One query, for
+    stale routes only."""
+    if not last_probe_at:
+        return {}
+    floor = now - silence_limit(task)
+    rows = ProbeSlot.objects.filter(
+        task=task, region=region, route_id__in=list(last_probe_at), status=SLOT_MISSED
+    ).values_list("route_id", "slot_at")
+    found = dict.fromkeys(last_probe_at, 0)
+    for route_id, slot_at in rows.filter(
+        slot_at__gt=min(v or floor for v in last_probe_at.values())
+    ):
+        if slot_at > (last_probe_at[route_id] or floor):
+            found[route_id] += 1
+    return found
+
+
+def decide(
+    task: Task,
+    routes: Sequence[Route],
+    latency: Mapping[int, Stats],
+    quality: Mapping[int, Stats],
+    *,
+    region: Region | None = None,
+    now: datetime | None = None,
+    incumbent: int | None = None,
+) -> Choice:
+    """The one decision every caller makes (the overview's board, the task and regions pages,
+    the digest): `choose`, with the facts of each stale route's silence read for it."""
+    missed: dict[int, int] = {}
+    if region is not None and now is not None:
+        quiet = {
+            r.pk: (latency[r.pk].last_probe_at if r.pk in latency else None)
+            for r in routes
+            if not task.is_fresh(latency[r.pk].last_probe_at if r.pk in latency else None, now)
+        }
+        missed = missed_since(task, region, quiet, now)
+    return choose(
+        task,
+        routes,
+        latency,
+        quality,
+        now=now,
+        incumbent=incumbent,
+        missed=missed,
+        region_label=region.slug if region is not None else "",
+    )
+
+
+def _silence(
+    task: Task, stats: Stats | None, now: datetime, missed: int | None, region_label: str
+) -> str:
+    """A stale route's silence in facts: how long, and the slots we missed since."""
+    last = stats.last_probe_at if stats else None
+    said = f"no probe for {_ago(now - last)}" if last else "no probe in the window"
+    if missed:
+        where = f" by our {region_label} workers" if region_label else ""
+        said += f": {missed} slot{'s' if missed != 1 else ''} since were missed{where}"
+    return said
 
 
 def _errors(stats: Stats | None) -> Rate:
@@ -276,6 +375,10 @@ class _Later:
     __hash__ = None  # type: ignore[assignment]
 
 
+def _unit(metric: str) -> str:
+    return "scenarios" if metric.startswith("app_e2e") else "reference probes"
+
+
 def choose(
     task: Task,
     routes: Sequence[Route],
@@ -284,13 +387,19 @@ def choose(
     *,
     now: datetime | None = None,
     incumbent: int | None = None,
+    missed: Mapping[int, int] | None = None,
+    region_label: str = "",
 ) -> Choice:
-    """`latency`: per route id, stats in this region; `quality`: per route id, all regions;
-    `incumbent`: the current winner's route id (monitor.answer.winners), kept unless it stops
-    qualifying or a challenger is faster with confidence; `now` judges "failing"."""
+    """`latency`: per route id, stats in this region (stale ones too: silence is judged here);
+    `quality`: per route id, all regions; `incumbent`: the current winner's route id
+    (monitor.answer.winners); `now` judges "failing" and "stale" (None: neither, as for a past
+    week); `missed`: per stale route id, the slots our workers missed since its last probe
+    (`decide` reads them)."""
     metric = task.ranking_metric(routes)
     q = int(metric.partition("_p")[2])
+    unit = _unit(metric)
     candidates: list[Candidate] = []
+    silent_too_long: set[int] = set()
     for route in routes:
         region_stats = latency.get(route.pk)
         estimate = (
@@ -302,9 +411,24 @@ def choose(
         ok, reason, detail = quality_verdict(task, route, quality_stats)
         if ok:
             ok, reason, detail = availability_verdict(task, region_stats, now)
+        last = region_stats.last_probe_at if region_stats else None
+        stale = now is not None and not task.is_fresh(last, now)
+        silence = (
+            _silence(task, region_stats, now, (missed or {}).get(route.pk), region_label)
+            if stale and now is not None
+            else ""
+        )
+        if ok and stale and now is not None:
+            # A stale incumbent keeps qualifying (its silence is ours until shown otherwise);
+            # past silence_limit() any fresh qualifying route may take its cell.
+            if route.pk != incumbent:
+                ok, reason, detail = False, REASON_SILENT, silence
+            elif last is None or now - last > silence_limit(task):
+                silent_too_long.add(route.pk)
         if ok and estimate.point is None:
             ok, reason = False, REASON_FEW_SAMPLES
-            detail = f"{estimate.n} reference probes, too few for {metric.replace('_', ' ')}"
+            needed = hist.MIN_SAMPLES.get(q, 1)
+            detail = f"{estimate.n} of {needed} {unit} needed for {metric.replace('_', ' ')}"
         candidates.append(
             Candidate(
                 route=route,
@@ -316,6 +440,8 @@ def choose(
                 qualifies=ok,
                 reason=reason,
                 detail=detail,
+                stale=stale,
+                silence=silence,
             )
         )
 
@@ -333,38 +459,94 @@ def choose(
     def tied(a: Candidate, b: Candidate) -> bool:
         return not a.metric.faster_than(b.metric) and not b.metric.faster_than(a.metric)
 
+    def counts(c: Candidate) -> dict[int, int]:
+        stats = latency.get(c.route.pk)
+        return stats.counts_for(metric, reference=True) if stats else {}
+
     candidates.sort(key=rank)
     qualifying = [c for c in candidates if c.qualifies]
+    held = next((c for c in qualifying if c.route.pk == incumbent), None)
+    fresh = [c for c in qualifying if not c.stale]
+    if held is not None and held.route.pk in silent_too_long and fresh:
+        qualifying = fresh  # silent past the limit: any fresh qualifying route takes the cell
     if not qualifying:
         change = "" if incumbent is None else "no route qualifies any more"
-        return Choice(winner=None, candidates=candidates, metric=metric, change=change)
+        return Choice(
+            winner=None,
+            candidates=candidates,
+            metric=metric,
+            change=change,
+            no_winner=_no_winner(candidates, metric, q),
+        )
     best = qualifying[0]
     if task.defaults.prefer_cheaper and not task.latency_metric:
         best = min((c for c in qualifying if tied(c, best)), key=lambda c: (price(c), rank(c)))
-    held = next((c for c in qualifying if c.route.pk == incumbent), None)
-    if held is not None and (held is best or not best.metric.faster_than(held.metric)):
-        winner, change = held, ""
-    else:
-        winner = best
-        if incumbent is None:
-            change = "first route to qualify"
-        elif held is None:
-            gone = next((c for c in candidates if c.route.pk == incumbent), None)
-            change = (
-                f"{gone.route} stopped qualifying: {gone.detail or gone.reason}"
-                if gone
-                else "the previous winner is no longer a candidate"
-            )
-        else:
+    if held is not None and held in qualifying:
+        takes_over = best is not held and (
+            best.metric.faster_than(held.metric) or confidence.all_below(counts(best), counts(held))
+        )
+        if not takes_over:
+            return _choice(best=held, candidates=candidates, metric=metric, change="", tied=tied)
+        if best.metric.faster_than(held.metric):
             change = (
                 f"faster with confidence: {_range(best.metric)} against {held.route}'s "
                 f"{_range(held.metric)} ({metric.replace('_', ' ')})"
             )
-    ordered = [winner] + [c for c in candidates if c is not winner]
+        else:
+            change = (
+                f"all {best.metric.n} of its {unit} below all {held.metric.n} of "
+                f"{held.route}'s ({metric.replace('_', ' ')})"
+            )
+    elif held is not None:
+        change = f"{held.route} {held.silence}, longer than the {_ago(silence_limit(task))} a winner keeps its cell without probes"
+    elif incumbent is None:
+        if best.metric.low is None or best.metric.high is None:
+            # The first winner is named by a closed interval: at 5 samples a median's has no
+            # upper end, and whoever got there first would keep the cell as "tied".
+            needed = confidence.samples_to_close(q)
+            return Choice(
+                winner=None,
+                candidates=candidates,
+                metric=metric,
+                no_winner=f"collecting: {best.metric.n} of {needed} {unit} "
+                f"({best.route}, the fastest so far)",
+            )
+        change = "first route to qualify"
+    else:
+        gone = next((c for c in candidates if c.route.pk == incumbent), None)
+        change = (
+            f"{gone.route} stopped qualifying: {gone.detail or gone.reason}"
+            if gone
+            else "the previous winner is no longer a candidate"
+        )
+    return _choice(best=best, candidates=candidates, metric=metric, change=change, tied=tied)
+
+
+def _choice(
+    *,
+    best: Candidate,
+    candidates: list[Candidate],
+    metric: str,
+    change: str,
+    tied: Callable[[Candidate, Candidate], bool],
+) -> Choice:
+    ordered = [best] + [c for c in candidates if c is not best]
     marked = [
-        c if c is winner or not c.qualifies else replace(c, tied=tied(c, winner)) for c in ordered
+        c if c is best or not c.qualifies else replace(c, tied=tied(c, best)) for c in ordered
     ]
-    return Choice(winner=winner, candidates=marked, metric=metric, change=change)
+    return Choice(winner=best, candidates=marked, metric=metric, change=change)
+
+
+def _no_winner(candidates: Sequence[Candidate], metric: str, q: int) -> str:
+    """Why no route wins, for the task as a whole: how many were judged and what each lacked;
+    "collecting" when all that is missing is samples."""
+    if candidates and all(c.reason == REASON_FEW_SAMPLES for c in candidates):
+        most = max(candidates, key=lambda c: c.metric.n)
+        needed = confidence.samples_to_close(q)
+        return f"collecting: {most.metric.n} of {needed} {_unit(metric)} ({most.route}, the most so far)"
+    n = len(candidates)
+    lacks = "; ".join(f"{c.route}: {c.detail or c.reason}" for c in candidates)
+    return f"no route meets the bar ({n} route{'s' if n != 1 else ''} judged: {lacks})"
 
 
 def _range(e: Estimate) -> str:

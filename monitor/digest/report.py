@@ -363,10 +363,10 @@ def build_report(tasks: Iterable[Task], period: Period) -> list[TaskDigest]:
         for region in task.regions.all():
             latency_this = this_week.latency(task, routes, region)
             latency_last = last_week.latency(task, routes, region)
-            last_choice = selection.choose(task, routes, latency_last, quality_last)
+            last_choice = selection.decide(task, routes, latency_last, quality_last)
             # Last week's winner stays unless this week's is faster with confidence or it
             # stopped qualifying: the pages' rule, so "winner changed" means what it says.
-            this_choice = selection.choose(
+            this_choice = selection.decide(
                 task,
                 routes,
                 latency_this,

@@ -110,6 +110,7 @@ class Cell:
     winner_since: datetime | None = None
     why: str = ""  # why this route is the winner (the change that made it), or why none is
     stale: bool = True  # set against the time of the read (see `Overview.at`)
+    silence: str = ""  # a stale winner's silence in facts (selection.Candidate.silence)
     # For the read API (monitor.api): the tied routes' ids, and the runner-up's bar figures.
     tied_ids: list[int] = field(default_factory=list)
     runner_up_samples: int = 0
@@ -216,11 +217,12 @@ def _build(
         for region in task.regions.all():
             latency = figures.latency(task, routes, region)
             last_change = held.get((task.pk, region.pk))
-            choice = selection.choose(
+            choice = selection.decide(
                 task,
                 routes,
-                selection.fresh(task, latency, now),
+                latency,
                 quality,
+                region=region,
                 now=now,
                 incumbent=last_change.route_id if last_change else None,
             )
@@ -239,13 +241,16 @@ def _cell(
     now: datetime,
     last_change: WinnerChange | None,
 ) -> Cell:
-    last = max((s.last_probe_at for s in latency.values() if s.last_probe_at), default=None)
     winner, runner = choice.winner, choice.runner_up
     stats = latency.get(winner.route.pk) if winner else None
+    # The winner's own last probe: a stale winner reads stale beside fresh routes.
+    last = (
+        stats.last_probe_at
+        if stats is not None
+        else max((s.last_probe_at for s in latency.values() if s.last_probe_at), default=None)
+    )
     if winner is None:
-        first = next((c for c in choice.candidates if c.detail), None)
-        why = f"{first.route}: {first.detail}" if first else ""
-        since = None
+        why, since = "", None  # choice.reason says why, for the task as a whole
     elif choice.changed or last_change is None:
         why, since = choice.change, now
     else:
@@ -287,6 +292,7 @@ def _cell(
         tied=[str(c.route) for c in choice.candidates if c.tied],
         winner_since=since,
         why=why,
+        silence=winner.silence if winner else "",
         tied_ids=[c.route.pk for c in choice.candidates if c.tied],
         runner_up_samples=runner.metric.n if runner else 0,
         runner_up_passed=runner.pass_rate.k if runner and runner.pass_rate else 0,

@@ -105,13 +105,8 @@ def build(task: Task, metric: str, window: Range, now: datetime) -> Matrix:
     reasons: dict[tuple[int, int], str] = {}
     for g in regions:
         latency = {r.pk: per_cell[(r.pk, g.pk)] for r in routes if (r.pk, g.pk) in per_cell}
-        choice = selection.choose(
-            task,
-            routes,
-            selection.fresh(task, latency, now),
-            quality,
-            now=now,
-            incumbent=held.get((task.pk, g.pk)),
+        choice = selection.decide(
+            task, routes, latency, quality, region=g, now=now, incumbent=held.get((task.pk, g.pk))
         )
         winners[g.pk] = choice.winner.route.pk if choice.winner else None
         for c in choice.candidates:

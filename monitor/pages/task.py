@@ -141,11 +141,12 @@ def build(
             task, since=since, until=until, grain=window.stats_grain, histograms=False
         )
     change = winners.latest([task.pk]).get((task.pk, region.pk)) if region else None
-    choice = selection.choose(
+    choice = selection.decide(
         task,
         routes,
-        selection.fresh(task, latency, now),
+        latency,
         quality,
+        region=region,
         now=now,
         incumbent=change.route_id if change else None,
     )

@@ -38,6 +38,15 @@ class Scale:
         i = int(math.log(value / self.low) / _LOG_RATIO) + 1
         return i if i < self.size else self.size - 1
 
+    def bounds(self, index: int) -> tuple[float, float]:
+        """(lowest, highest) value a bucket can hold: every value in it is above the first
+        (bucket 0: at or below `low`, taken as 0) and at most the second (the last bucket:
+        unbounded above)."""
+        if index == 0:
+            return 0.0, self.low
+        upper = math.inf if index >= self.size - 1 else self.low * RATIO**index
+        return self.low * RATIO ** (index - 1), upper
+
     def representative(self, index: int) -> float:
         """The geometric middle of a bucket, the value a percentile in it is reported as."""
         if index == 0:

@@ -228,8 +228,11 @@ def test_unknown_tasks_and_regions_are_404_with_what_is_valid(client: Client, wo
 def test_no_qualifying_route_is_200_with_a_reason(client: Client, world: World) -> None:
     body = get(client, _route_url("solo"), make_token()).json()
     assert body["route"] is None
-    assert body["reason"] == "no route meets the bar with enough samples"
-    assert body["why"] == "FastChip / fast-small: 0 reference probes, too few for ttft p95"
+    # Why, for the task as a whole: every route judged, and what it lacked.
+    assert body["reason"] == (
+        "no route meets the bar (1 route judged: FastChip / fast-small: no probe in the window)"
+    )
+    assert body["why"] == ""
     assert body["freshness"]["stale"] is True
 
 

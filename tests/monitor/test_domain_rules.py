@@ -8,7 +8,6 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db.models import DecimalField, IntegerField
 
-from monitor.answer import selection
 from monitor.models import (
     METRIC_E2E_P50,
     METRIC_E2E_P95,
@@ -41,15 +40,6 @@ def test_a_probe_exactly_at_the_bound_is_still_fresh_and_a_moment_later_is_not()
     assert task.is_fresh(NOW - bound, NOW)
     assert not task.is_fresh(NOW - bound - timedelta(microseconds=1), NOW)
     assert not task.is_fresh(None, NOW)
-
-
-def test_only_fresh_routes_can_be_chosen() -> None:
-    task = Task(probe_interval_s=60, probe_timeout_s=10)
-    recent = rollups.Stats(last_probe_at=NOW - timedelta(minutes=1))
-    old = rollups.Stats(last_probe_at=NOW - timedelta(hours=1))
-    never = rollups.Stats()
-    fresh = selection.fresh(task, {1: recent, 2: old, 3: never}, NOW)
-    assert fresh == {1: recent}
 
 
 @pytest.mark.parametrize(

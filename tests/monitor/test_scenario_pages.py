@@ -104,7 +104,7 @@ def test_a_scenario_task_ranks_its_routes_by_app_e2e(world) -> None:
     window = selection.Window.read(now - timedelta(days=1), now + timedelta(hours=1), [t.pk])
     routes = [fast, slow]
     choice = selection.choose(
-        t, routes, window.latency(t, routes, region), window.quality(t, routes), now=now
+        t, routes, window.latency(t, routes, region), window.quality(t, routes)
     )
     assert choice.metric == METRIC_APP_E2E_P50
     assert choice.winner is not None

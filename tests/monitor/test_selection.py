@@ -81,11 +81,15 @@ def test_a_tie_goes_to_the_lower_p95_then_the_cheaper_route(world) -> None:
 
 
 def test_no_qualifying_route_says_why(world) -> None:
-    t, fast, _, _, eu = world
+    t, fast, slow, sloppy, eu = world
     _feed(t, fast, eu, 20, e2e_ms=1000, passed=1)
     choice = _choose(t, eu)
     assert choice.winner is None
-    assert choice.reason == "no route meets the bar with enough samples"
+    assert choice.reason == (
+        "no route meets the bar (3 routes judged: "
+        f"{fast}: pass rate 1/20 (0.9%-24%) not surely at or above 80%; "
+        f"{slow}: 0 of 10 graded probes needed; {sloppy}: 0 of 10 graded probes needed)"
+    )
     assert selection.choose(t, [], {}, {}).reason == "no candidate routes"
 
 
