@@ -11,9 +11,11 @@ travels in an envelope signed with a secret of that region (monitor.models.Regio
 
 - A region worker holds only its own region's secrets (RW_REGION_KEYS), never
   FIELD_ENCRYPTION_KEYS. It refuses an envelope that is not one, is for another region or
-  kind, names a key it does not hold, has a wrong signature, has expired, or was seen before
-  (its nonce is claimed once in Redis, SET NX, until it expires). Refusals are logged with
-  the reason only, and nothing in a refused message is decrypted.
+  kind, names a key it does not hold, has a wrong signature, has expired, or was seen before:
+  its nonce is claimed once, until it expires, both in Redis (SET NX: across hosts) and in
+  the worker host's own record (monitor.pipeline.replay), which no broker write can erase.
+  Every run after a message's first is counted in the spend cap's in flight (`count_run`).
+  Refusals are logged with the reason only, and nothing in a refused message is decrypted.
 - The beat (which holds FIELD_ENCRYPTION_KEYS) re-encrypts each provider key and secret
   header for the batch under a key derived from the region's secret, together with the
   origin (scheme://host:port) it may be sent to. The worker opens it only for a probe whose
@@ -53,6 +55,7 @@ from django.conf import settings
 
 from monitor.crypto import ApiKeyDecryptionError, bind, decrypt_bound, origin_of, unbind
 from monitor.logfilters import register_secret
+from monitor.pipeline import replay
 
 log = logging.getLogger(__name__)
 
@@ -379,22 +382,48 @@ def _dead_here(claimer: str) -> bool:
     return False
 
 
+def _nonce_ttl_s(expires_at: float | None) -> int:
+    return max(1, int((expires_at or time.time() + 86400) - time.time() + CLOCK_SKEW_S) + 1)
+
+
 def claim_nonce(region: str, nonce: str, expires_at: float | None) -> bool:
-    """True the first time this nonce is seen (kept until the message expires), and for
-    Celery's redelivery of a message whose worker process died running it (acks_late,
-    reject_on_worker_lost): the claim names the claiming process, and a claim by a process of
-    this host that no longer exists is taken over. A replay while the claimer lives, or from
-    another host, is refused; either way only until the message expires."""
-    ttl = max(1, int((expires_at or time.time() + 86400) - time.time() + CLOCK_SKEW_S) + 1)
+    """True when this process may run the message: the first time it is seen, and for Celery's
+    redelivery of a message whose worker process died running it (acks_late,
+    reject_on_worker_lost), once. Kept until the message expires.
+
+    Two records decide: this host's own (monitor.pipeline.replay), which refuses what this host
+    ran or runs whatever the broker says, and the broker's (`rw:nonce:<region>:<nonce>`, SET NX,
+    naming the claiming process), which refuses what another host claimed. A claim in the
+    broker naming a process of this host is taken over only when this host's record says that
+    process died running it: a claim rewritten by whoever can write to the broker proves
+    nothing."""
+    local = replay.claim(region, nonce, expires_at)
+    if local is replay.Claim.REFUSED:
+        return False
+    ttl = _nonce_ttl_s(expires_at)
     key = f"rw:nonce:{region}:{nonce}"
     me = _claimer().encode()
     client = _redis()
     if client.set(key, me, nx=True, ex=ttl):
         return True
     held = client.get(key)
-    if held is None or not _dead_here(held.decode(errors="replace")):
-        return False
-    # Take over only from that dead claimer (compare-and-set: one redelivery wins).
+    taken = held is not None and _may_take_over(local, held.decode(errors="replace"))
+    if taken and _take_over(client, key, held, me, ttl):
+        return True
+    replay.settle(region, nonce)  # claimed elsewhere: never run here either
+    return False
+
+
+def _may_take_over(local: replay.Claim, held: str) -> bool:
+    if local is replay.Claim.RETAKEN:  # this host's record: its claimer here died
+        return held.rpartition(":")[0] == socket.gethostname()
+    if local is replay.Claim.UNRECORDED:  # no local record (a full disk): the broker's alone
+        return _dead_here(held)
+    return False  # this host never claimed it, whatever the broker's record says
+
+
+def _take_over(client: Any, key: str, held: bytes, me: bytes, ttl: int) -> bool:
+    """Replace the dead claimer's claim (compare-and-set: one redelivery wins)."""
     with client.pipeline() as pipe:
         try:
             pipe.watch(key)
@@ -409,20 +438,57 @@ def claim_nonce(region: str, nonce: str, expires_at: float | None) -> bool:
     return True
 
 
+def count_run(region: str, nonce: str, expires_at: float | None, kind: str, body: Any) -> int:
+    """Count a run of a message about to start (its probes are about to be sent); returns
+    which run it is. A run after the first (a redelivery after a killed worker, a replay on
+    another host) is reported to the spend ledger at once, each probe for its (task, route):
+    ingest keeps one result a slot, so the cap would never see what it cost
+    (monitor.stats.spend)."""
+    from monitor.stats import spend
+
+    client = _redis()
+    key = f"rw:runs:{region}:{nonce}"
+    with client.pipeline(transaction=True) as pipe:
+        pipe.incr(key)
+        pipe.expire(key, _nonce_ttl_s(expires_at))
+        runs = int(pipe.execute()[0])
+    if runs > 1:
+        slots = [
+            (slot["task_id"], slot["route_id"])
+            for message in probe_messages(kind, body)
+            if isinstance(slot := message.get("slot"), dict)
+            and isinstance(slot.get("task_id"), int)
+            and isinstance(slot.get("route_id"), int)
+        ]
+        spend.record_reruns(client, region, slots, time.time())
+        log.warning(
+            "running a %s message again (run %d): %d probes counted in flight",
+            kind,
+            runs,
+            len(slots),
+        )
+    return runs
+
+
 def open_dispatch(envelope: object, kind: str) -> tuple[str, Any]:
     """A region worker's side: (key id, body) of a message for this region, or Refused."""
     if not settings.RW_REGION:
         raise Refused("this worker has no RW_REGION, so it accepts no region messages")
     key, opened = verify(envelope, worker_keys(), settings.RW_REGION, kind)
-    try:
-        first = claim_nonce(settings.RW_REGION, opened["nonce"], opened["expires_at"])
-    except Exception as exc:  # redis-py raises several types; fail closed
-        raise Refused(f"cannot check for a replay ({type(exc).__name__})") from None
-    if not first:
-        raise Refused("replayed (its nonce was seen before)")
     body = opened["body"]
     if kind == KIND_BATCH and isinstance(body, dict) and body.get("region") != settings.RW_REGION:
         raise Refused("batch for another region")
+    region, nonce, expires_at = settings.RW_REGION, opened["nonce"], opened["expires_at"]
+    try:
+        first = claim_nonce(region, nonce, expires_at)
+        if first:
+            count_run(region, nonce, expires_at, kind, body)
+    except Exception as exc:  # redis-py raises several types; fail closed
+        if not isinstance(exc, replay.Unavailable):
+            replay.settle(region, nonce)  # not run: never run here later either
+        raise Refused(f"cannot check for a replay ({type(exc).__name__})") from None
+    if not first:
+        raise Refused("replayed (its nonce was seen before)")
     return key.key_id, body
 
 

@@ -6,17 +6,32 @@ each at its estimated cost (the route's prices for the task's prompt size and th
 limit sent, so no probe can cost more than its estimate). The scheduler adds each probe's
 estimate as it dispatches it within a tick (monitor.pipeline.scheduling), so a tick cannot
 overshoot the cap either; every page reads `cap_states` to say why a capped task stopped.
+
+In flight also holds what ran more often than it was dispatched. Ingest keeps one result a
+slot, so a message a region worker ran twice (Celery's redelivery after a killed worker, or a
+replay the broker's nonce claim missed: monitor.pipeline.replay) cost twice and shows once.
+Each run after a message's first is reported by the worker that runs it, as it starts
+(`record_reruns`, into the broker: region workers have no database), counted per region,
+month, task and route in RERUNS_KEY, and added here at each probe's estimate for the rest of
+the month (such a run is never ingested, so never spent: it is as good as the estimate gets).
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
+from functools import cache
+from typing import Any
 
+import redis
+from django.conf import settings
 from django.db.models import Count, Sum
+from django.utils import timezone
 
 from monitor.models import (
     GRAIN_DAY,
@@ -25,12 +40,19 @@ from monitor.models import (
     STEP_FAN_OUT,
     ProbeSlot,
     RaceRun,
+    Region,
     Rollup,
     Route,
     Task,
 )
 
+log = logging.getLogger(__name__)
+
 ZERO = Decimal("0")
+# Probes run again, per region and month (UTC): a hash of "<task id>:<route id>" -> runs.
+RERUNS_KEY = "rw:reruns:{region}:{month}"
+# Kept past the month it counts, so the month's last reruns are still read at its end.
+RERUNS_TTL_S = 40 * 86400
 
 
 def month_start(now: datetime) -> datetime:
@@ -89,8 +111,58 @@ def spent_by_task(now: datetime) -> dict[int, Decimal]:
     return dict(spent)
 
 
-def in_flight_by_task() -> dict[int, Decimal]:
-    """Slots and races dispatched and not closed yet, at their estimated cost, per task."""
+def rerun_key(region: str, at: float) -> str:
+    return RERUNS_KEY.format(region=region, month=time.strftime("%Y-%m", time.gmtime(at)))
+
+
+def record_reruns(client: Any, region: str, slots: Iterable[tuple[int, int]], at: float) -> None:
+    """A region worker's side: it is about to run these (task id, route id) probes again (a
+    message it or another worker ran before). Raises the broker's errors."""
+    counts: dict[str, int] = defaultdict(int)
+    for task_id, route_id in slots:
+        counts[f"{task_id}:{route_id}"] += 1
+    if not counts:
+        return
+    key = rerun_key(region, at)
+    with client.pipeline(transaction=True) as pipe:
+        for name, n in counts.items():
+            pipe.hincrby(key, name, n)
+        pipe.expire(key, RERUNS_TTL_S)
+        pipe.execute()
+
+
+@cache
+def _broker(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+
+
+def reruns(now: datetime) -> dict[tuple[int, int], int]:
+    """Probes run again this month, per (task id, route id), every region summed; nothing
+    when the broker does not answer (logged: the cap then counts dispatched slots only)."""
+    slugs = list(Region.objects.values_list("slug", flat=True))
+    if not slugs:
+        return {}
+    at = now.timestamp()
+    try:
+        with _broker(settings.REDIS_URL).pipeline(transaction=False) as pipe:
+            for slug in slugs:
+                pipe.hgetall(rerun_key(slug, at))
+            tables = pipe.execute()
+    except redis.RedisError as exc:
+        log.warning("probes run again are not counted in flight: the broker (%s)", exc)
+        return {}
+    out: dict[tuple[int, int], int] = defaultdict(int)
+    for table in tables:
+        for name, n in table.items():
+            task_id, _, route_id = name.decode(errors="replace").partition(":")
+            if task_id.isdigit() and route_id.isdigit() and n.isdigit():
+                out[int(task_id), int(route_id)] += int(n)
+    return dict(out)
+
+
+def in_flight_by_task(now: datetime | None = None) -> dict[int, Decimal]:
+    """Slots and races dispatched and not closed yet, and probes run again this month (see
+    the module's docstring), at their estimated cost, per task."""
     open_slots = list(
         ProbeSlot.objects.filter(status=SLOT_DISPATCHED)
         .values("task_id", "route_id")
@@ -99,14 +171,19 @@ def in_flight_by_task() -> dict[int, Decimal]:
     open_races = list(
         RaceRun.objects.filter(status=SLOT_DISPATCHED).values("task_id").annotate(n=Count("id"))
     )
-    task_ids = {r["task_id"] for r in open_slots} | {r["task_id"] for r in open_races}
+    again = reruns(now or timezone.now())
+    task_ids = (
+        {r["task_id"] for r in open_slots}
+        | {r["task_id"] for r in open_races}
+        | {task_id for task_id, _ in again}
+    )
     if not task_ids:
         return {}
     # Steps too: a scenario task estimates every call (is_scenario reads them, no query each).
     tasks = Task.objects.prefetch_related("routes__provider", "steps").in_bulk(task_ids)
-    routes = Route.objects.in_bulk({r["route_id"] for r in open_slots})
+    routes = Route.objects.in_bulk({r["route_id"] for r in open_slots} | {r for _, r in again})
     out: dict[int, Decimal] = defaultdict(Decimal)
-    for r in open_slots:
+    for r in [*open_slots, *({"task_id": t, "route_id": r, "n": n} for (t, r), n in again.items())]:
         task, route = tasks.get(r["task_id"]), routes.get(r["route_id"])
         if task is not None and route is not None:
             out[task.pk] += probe_estimate_usd(task, route) * r["n"]
@@ -120,7 +197,7 @@ def in_flight_by_task() -> dict[int, Decimal]:
 def committed_by_task(now: datetime) -> dict[int, Decimal]:
     """Spent plus in flight: what the cap is checked against before dispatching more."""
     committed: dict[int, Decimal] = defaultdict(Decimal, spent_by_task(now))
-    for task_id, amount in in_flight_by_task().items():
+    for task_id, amount in in_flight_by_task(now).items():
         committed[task_id] += amount
     return dict(committed)
 
@@ -165,7 +242,7 @@ def cap_states(tasks: Iterable[Task], now: datetime) -> dict[int, CapState]:
     if not capped:
         return {}
     spent = spent_by_task(now)
-    in_flight = in_flight_by_task()
+    in_flight = in_flight_by_task(now)
     out = {}
     for task in capped:
         assert task.monthly_spend_cap_usd is not None
