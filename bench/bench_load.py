@@ -446,9 +446,9 @@ def run(ns: argparse.Namespace) -> int:
             timedelta(seconds=ns.interval),
             timedelta(hours=1),
         )
-    from monitor.pages import overview
+    from monitor.answer import board
 
-    overview.refresh()  # as beat keeps it
+    board.refresh()  # as beat keeps it
 
     # Same-run baseline: the pages with no load (the same world and history).
     idle = Pages()

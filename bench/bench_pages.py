@@ -12,7 +12,7 @@ The read API (/api/v1/, with an API token) is timed the same way; its route answ
 p95 <= 20 ms (issue 14).
 Baseline, in the same run: the naive reads of the same figures from raw rows
 (percentile_cont over probe results, an unbounded ORDER BY for the log); ratio = naive / page p50.
-The overview is read from its snapshot (monitor.pages.overview); "overview, snapshot rebuilt" is the
+The overview is read from its snapshot (monitor.answer.board); "overview, snapshot rebuilt" is the
 request that finds it expired and rebuilds it (beat down, or a configuration change).
 """
 
@@ -80,9 +80,9 @@ def measure(now: datetime, repeat: int) -> list[tuple[str, list[float], list[flo
     from django.contrib.auth.models import User
     from django.test import Client
 
+    from monitor.answer import board
     from monitor.api import tokens
     from monitor.models import ApiToken, Route, Task
-    from monitor.pages import overview
 
     user, _ = User.objects.get_or_create(username="bench-pages")
     client = Client(SERVER_NAME="localhost")
@@ -136,7 +136,7 @@ def measure(now: datetime, repeat: int) -> list[tuple[str, list[float], list[flo
     hour = now - timedelta(hours=1)
 
     def overview_rebuilt() -> object:
-        overview.forget()  # as if beat were down: this reader rebuilds the snapshot
+        board.forget()  # as if beat were down: this reader rebuilds the snapshot
         return get("/")()
 
     pages: list[tuple[str, Callable[[], object], Callable[[], object] | None]] = [

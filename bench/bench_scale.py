@@ -4,7 +4,7 @@
     make bench-scale ARGS=--reload   # drops and reloads the data set
 
 Measures, in the same run, the reads the pages need, through the page functions themselves
-(monitor.pages.route.series for a route's chart, monitor.pages.overview.current for the overview),
+(monitor.pages.route.series for a route's chart, monitor.answer.board.current for the overview),
 against naive percentile_cont over raw rows (ratio = naive / rollup), and ingest throughput
 through the real ingest path (rows + slots + rollups) against Django's bulk_create of the same
 rows (no slots, no rollups). Targets: each read <= 50 ms and >= 30x faster than naive; ingest
@@ -141,12 +141,12 @@ def load(now: datetime, days: int) -> None:
 
 
 def measure(now: datetime, repeat: int) -> list[tuple[str, float, float, float]]:
-    """The page functions themselves (monitor.pages.route.series, monitor.pages.overview.current)
+    """The page functions themselves (monitor.pages.route.series, monitor.answer.board.current)
     against naive percentile_cont over raw rows."""
     from django.db import connection
 
+    from monitor.answer import board
     from monitor.models import GRAIN_DAY, GRAIN_HOUR, Route, Task
-    from monitor.pages import overview
     from monitor.pages import route as pages_route
     from monitor.pages.common import Range
 
@@ -186,7 +186,7 @@ def measure(now: datetime, repeat: int) -> list[tuple[str, float, float, float]]
                 WHERE started_at >= %s AND outcome = 'ok'
                 GROUP BY 1, 2, 3
                 """,
-                [now - overview.WINDOW],
+                [now - board.WINDOW],
             )
             return list(cursor.fetchall())
 
@@ -196,21 +196,21 @@ def measure(now: datetime, repeat: int) -> list[tuple[str, float, float, float]]
             lambda: pages_route.series(route, task, None, month_hourly, now),
             lambda: naive_series("hour", month),
         ),
-        ("overview, all tasks x regions", lambda: overview.current(now), naive_overview),
+        ("overview, all tasks x regions", lambda: board.current(now), naive_overview),
         (
             "route 1 year daily",
             lambda: pages_route.series(route, task, None, year_daily, now),
             lambda: naive_series("day", year),
         ),
     ]
-    overview.refresh(now)  # as beat does, twice per refresh interval
+    board.refresh(now)  # as beat does, twice per refresh interval
     results = []
     for name, fast, naive in reads:
         fast_ms = _timeit(fast, repeat)
         naive_ms = _timeit(naive, max(2, repeat // 10))
         results.append((name, _p(fast_ms, 0.5), _p(fast_ms, 0.95), statistics.median(naive_ms)))
     # Not a page read: the work beat does in the background to keep the snapshot fresh.
-    rebuild_ms = _timeit(lambda: overview.refresh(now), max(3, repeat // 3))
+    rebuild_ms = _timeit(lambda: board.refresh(now), max(3, repeat // 3))
     results.append(("(overview rebuild, by beat)", _p(rebuild_ms, 0.5), _p(rebuild_ms, 0.95), 0.0))
     return results
 

@@ -27,9 +27,9 @@ class MonitorConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from monitor.answer import board
         from monitor.logfilters import redact_every_handler
         from monitor.models import EvalCase, Provider, Region, Route, Task
-        from monitor.pages import overview
 
         # Logging is configured by now (django.setup runs it before the apps are ready).
         redact_every_handler()
@@ -37,7 +37,7 @@ class MonitorConfig(AppConfig):
         connection_created.connect(without_jit, dispatch_uid="monitor-without-jit")
         # A configuration change shows on the overview at once, not at its next rebuild.
         for model in (Provider, Route, Region, Task, EvalCase):
-            post_save.connect(overview.forget, sender=model, dispatch_uid=f"forget-{model}")
-            post_delete.connect(overview.forget, sender=model, dispatch_uid=f"forget-d-{model}")
+            post_save.connect(board.forget, sender=model, dispatch_uid=f"forget-{model}")
+            post_delete.connect(board.forget, sender=model, dispatch_uid=f"forget-d-{model}")
         for through in (Task.routes.through, Task.regions.through):
-            m2m_changed.connect(overview.forget, sender=through, dispatch_uid=f"forget-{through}")
+            m2m_changed.connect(board.forget, sender=through, dispatch_uid=f"forget-{through}")

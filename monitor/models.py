@@ -1188,12 +1188,12 @@ class RegionMinute(models.Model):
 
 
 class OverviewSnapshot(models.Model):
-    """A computed page kept ready to read (monitor.pages.overview): the same for every reader."""
+    """A computed page kept ready to read (monitor.answer.board): the same for every reader."""
 
     key = models.CharField(max_length=50, primary_key=True)
     built_at = models.DateTimeField()
     data = models.JSONField()
-    # How long its build took: beat's next rebuild waits for as long (monitor.pages.overview).
+    # How long its build took: beat's next rebuild waits for as long (monitor.answer.board).
     build_s = models.FloatField(default=0.0)
 
     def __str__(self) -> str:

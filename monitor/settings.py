@@ -382,7 +382,7 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 300.0,
         "options": {"expires": 300.0},
     },
-    # The overview snapshot is rebuilt twice per dashboard refresh (monitor.pages.overview).
+    # The overview snapshot is rebuilt twice per dashboard refresh (monitor.answer.board).
     "overview": {
         "task": "monitor.tasks.refresh_overview",
         "schedule": max(1.0, DASHBOARD_REFRESH_SECONDS / 2),

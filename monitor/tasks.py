@@ -26,9 +26,9 @@ from django.db.models import F
 from django.utils import timezone
 
 from monitor import limits, partitions
+from monitor.answer import board
 from monitor.digest import sending
 from monitor.models import Heartbeat
-from monitor.pages import overview
 from monitor.pipeline import (
     ingest,
     liveness,
@@ -275,15 +275,15 @@ OVERVIEW_REBUILD_LOCK = 0x52570001
 def refresh_overview() -> int | None:
     """Rebuild the overview snapshot, so readers get it ready-made: its number of rows, or
     None when another rebuild is running or the last one was too recent for its cost
-    (overview.rebuild_due)."""
+    (board.rebuild_due)."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_lock(%s)", [OVERVIEW_REBUILD_LOCK])
         if not cursor.fetchone()[0]:
             return None
     try:
-        if not overview.rebuild_due():
+        if not board.rebuild_due():
             return None
-        return len(overview.refresh(keep_settled=True).rows)
+        return len(board.refresh(keep_settled=True).rows)
     finally:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_unlock(%s)", [OVERVIEW_REBUILD_LOCK])

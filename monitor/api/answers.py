@@ -2,7 +2,7 @@
 the configuration.
 
 The route answer is read from the same snapshot the overview page shows
-(monitor.pages.overview.current), so an application and a person looking at the dashboard see
+(monitor.answer.board.current), so an application and a person looking at the dashboard see
 the same winner, figures and reasons. Route rows carry what an application needs to call the
 route (provider, base URL, model id, request settings) and never a secret: no API key, no
 secret headers, not even their encrypted tokens, and no credentials or query in the base URL.
@@ -15,9 +15,9 @@ from datetime import datetime
 from typing import Any, TypedDict
 from urllib.parse import urlsplit, urlunsplit
 
+from monitor.answer import board
+from monitor.answer.board import Cell, Overview, Ranked, TaskRow, metric_label
 from monitor.models import Route, Task
-from monitor.pages import overview as overview_data
-from monitor.pages.overview import Cell, Overview, TaskRow, metric_label
 
 
 class ApiError(Exception):
@@ -195,29 +195,17 @@ def _figures(
     }
 
 
-def _winner_figures(cell: Cell) -> FiguresJSON:
+def _ranked_figures(ranked: Ranked) -> FiguresJSON:
+    """The winner's and the runner-up's figures: one shape for both (board.Ranked)."""
     return _figures(
-        metric=_interval(cell.metric_ms, cell.metric_low_ms, cell.metric_high_ms),
-        samples=cell.samples,
-        passed=cell.passed,
-        graded=cell.graded,
-        pass_low=cell.pass_low,
-        pass_high=cell.pass_high,
-        errors=cell.errors,
-        attempts=cell.attempts,
-    )
-
-
-def _runner_up_figures(cell: Cell) -> FiguresJSON:
-    return _figures(
-        metric=_interval(cell.runner_up_ms, cell.runner_up_low_ms, cell.runner_up_high_ms),
-        samples=cell.runner_up_samples,
-        passed=cell.runner_up_passed,
-        graded=cell.runner_up_graded,
-        pass_low=cell.runner_up_pass_low,
-        pass_high=cell.runner_up_pass_high,
-        errors=cell.runner_up_errors,
-        attempts=cell.runner_up_attempts,
+        metric=_interval(ranked.metric_ms, ranked.metric_low_ms, ranked.metric_high_ms),
+        samples=ranked.samples,
+        passed=ranked.passed,
+        graded=ranked.graded,
+        pass_low=ranked.pass_low,
+        pass_high=ranked.pass_high,
+        errors=ranked.errors,
+        attempts=ranked.attempts,
     )
 
 
@@ -282,10 +270,10 @@ def _routes_of(data: Overview, wanted: list[int]) -> dict[int, RouteJSON]:
 
 def _answer(data: Overview, task_slug: str, region_slug: str | None) -> AnswerJSON:
     row, cell = _find(data, task_slug, region_slug)
-    wanted = [i for i in (cell.route_id, cell.runner_up_id) if i is not None]
-    routes = _routes_of(data, wanted)
-    winner = routes[cell.route_id] if cell.route_id is not None else None
-    runner = routes[cell.runner_up_id] if cell.runner_up_id is not None else None
+    named = [r for r in (cell.winner, cell.runner_up) if r is not None]
+    routes = _routes_of(data, [r.route_id for r in named])
+    winner = routes[cell.winner.route_id] if cell.winner else None
+    runner = routes[cell.runner_up.route_id] if cell.runner_up else None
     ids: list[int | None] = list(cell.tied_ids)
     if len(ids) != len(cell.tied):  # a snapshot written before tied_ids existed
         ids = [None] * len(cell.tied)
@@ -294,18 +282,22 @@ def _answer(data: Overview, task_slug: str, region_slug: str | None) -> AnswerJS
         "region": cell.region_slug,
         "metric": {"name": row.task.metric, "label": row.task.latency_metric},
         "route": winner,
-        "figures": _winner_figures(cell) if winner else None,
+        "figures": _ranked_figures(cell.winner) if cell.winner else None,
         "reason": cell.reason,
         "why": cell.why,
         "winner_since": _iso(cell.winner_since),
-        "runner_up": ({"route": runner, "figures": _runner_up_figures(cell)} if runner else None),
+        "runner_up": (
+            {"route": runner, "figures": _ranked_figures(cell.runner_up)}
+            if runner and cell.runner_up
+            else None
+        ),
         "tied": [{"id": i, "label": label} for i, label in zip(ids, cell.tied, strict=True)],
         "freshness": {
             "last_probe_at": _iso(cell.last_probe_at),
             "stale": cell.stale,
             "stale_after_s": cell.stale_after_s,
             "built_at": data.built_at.isoformat(),
-            "window_hours": int(overview_data.WINDOW.total_seconds() // 3600),
+            "window_hours": int(board.WINDOW.total_seconds() // 3600),
         },
     }
 
@@ -313,12 +305,12 @@ def _answer(data: Overview, task_slug: str, region_slug: str | None) -> AnswerJS
 def answer(task_slug: str, region_slug: str | None, now: datetime) -> AnswerJSON:
     """The fastest qualifying route of a task in a region, as the overview shows it now."""
     try:
-        return _answer(overview_data.current(now), task_slug, region_slug)
+        return _answer(board.current(now), task_slug, region_slug)
     except _Vanished:
         # A route was deleted between the snapshot's read and ours (the deletion dropped the
         # snapshot): answer from a fresh one.
         try:
-            return _answer(overview_data.refresh(now), task_slug, region_slug)
+            return _answer(board.rebuilt(now), task_slug, region_slug)
         except _Vanished:
             raise ApiError(
                 503, "configuration_changed", "The configuration changed during the read; retry."

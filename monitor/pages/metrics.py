@@ -43,8 +43,9 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
+from monitor.answer import board
 from monitor.models import GRAIN_DAY, GRAIN_HOUR, Heartbeat, Region, Route, Task
-from monitor.pages import monitoring, overview
+from monitor.pages import monitoring
 from monitor.pipeline import queues
 from monitor.pipeline.ingest import REJECTED_COUNTER
 from monitor.stats import hist, rollups
@@ -203,7 +204,7 @@ class RollupCollector(Collector):
                 keep_settled=True,
             ).items()
         }
-        since = self.now - overview.WINDOW
+        since = self.now - board.WINDOW
         recent = {
             k: (labels(k), s)
             for k, s in rollups.stats_by(
@@ -340,7 +341,7 @@ def _histograms(series: list[tuple[list[str], Stats]]) -> Iterator[Metric]:
 
 
 def _ratios(series: list[tuple[list[str], Stats]]) -> Iterator[Metric]:
-    hours = int(overview.WINDOW.total_seconds() // 3600)
+    hours = int(board.WINDOW.total_seconds() // 3600)
     window = f"over the last {hours} h (the overview's window)"
     error_ratio = GaugeMetricFamily(
         "routewatch_provider_error_ratio",
@@ -397,7 +398,7 @@ def _winners(now: datetime, routes: dict[int, Route]) -> Iterator[Metric]:
         "Unix time since which the current winner has been the winner.",
         labels=["task", "region"],
     )
-    for row in overview.current(now).rows:
+    for row in board.current(now).rows:
         for cell in row.cells:
             key = [row.task.slug, cell.region_slug]
             route = routes.get(cell.route_id) if cell.route_id is not None else None

@@ -11,11 +11,11 @@ from datetime import datetime, timedelta
 from typing import Any, TypedDict
 
 from monitor.answer import selection, winners
+from monitor.answer.board import metric_label
 from monitor.models import METRIC_E2E_P95, METRIC_TTFT_P95, Region, Route, Task, WinnerChange
 from monitor.pages import scenario as pages_scenario
 from monitor.pages import whatif as pages_whatif
 from monitor.pages.common import Range
-from monitor.pages.overview import metric_label
 from monitor.stats.rollups import Stats
 
 Y_PASSING = "pass rate (%)"

@@ -1,5 +1,5 @@
 """Dashboard views: thin and typed. Each parses its request, calls its page's builder
-(monitor.pages.overview, .task, .route, ...) and renders one template (or, for htmx, one
+(monitor.answer.board, monitor.pages.task, .route, ...) and renders one template (or, for htmx, one
 partial)."""
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_POST
 
+from monitor.answer import board
+from monitor.answer.board import metric_label
 from monitor.models import (
     ERROR_KINDS,
     GRAIN_DAY,
@@ -34,7 +36,6 @@ from monitor.models import (
 from monitor.pages import log as pages_log
 from monitor.pages import metrics as pages_metrics
 from monitor.pages import monitoring
-from monitor.pages import overview as overview_data
 from monitor.pages import races as pages_races
 from monitor.pages import regions as pages_regions
 from monitor.pages import route as pages_route
@@ -51,7 +52,6 @@ from monitor.pages.common import (
     readonly_page,
 )
 from monitor.pages.http import HtmxHttpRequest
-from monitor.pages.overview import metric_label
 from monitor.pages.setup import setup_checklist
 from monitor.pipeline import queues
 from monitor.stats import spend
@@ -97,11 +97,11 @@ def overview(request: HtmxHttpRequest) -> HttpResponse:
     tick = Heartbeat.objects.filter(name="tick").first()
     now = timezone.now()
     not_before = hidden_before(request)
-    if not_before is not None and now - overview_data.WINDOW < not_before:
+    if not_before is not None and now - board.WINDOW < not_before:
         # Generated history hidden: this reader's own overview, over the measured part only.
-        data = overview_data.build(now, window=max(now - not_before, timedelta(minutes=1)))
+        data = board.build(now, window=max(now - not_before, timedelta(minutes=1)))
     else:
-        data = overview_data.current(now)
+        data = board.current(now)
     ctx = {
         "rows": data.rows,
         # Rendered with the snapshot (a reader's own overview has none: rendered here).
@@ -110,7 +110,7 @@ def overview(request: HtmxHttpRequest) -> HttpResponse:
         "tick": tick,
         "tick_stale": tick is None or now - tick.last_seen > timedelta(minutes=2),
         "last_probe_at": _last_probe_at(),
-        "window_hours": int(overview_data.WINDOW.total_seconds() // 3600),
+        "window_hours": int(board.WINDOW.total_seconds() // 3600),
         "refresh_s": settings.DASHBOARD_REFRESH_SECONDS,
         "rendered_at": now,
         "checklist": None if data.rows else setup_checklist(),
@@ -315,6 +315,7 @@ def status(request: HtmxHttpRequest) -> HttpResponse:
         "cap_notices": _cap_notices(Task.objects.filter(is_active=True), now),
         "regions": monitoring.regions_health(now),
         "lag_bound_s": settings.START_LAG_MAX_SECONDS,
+        "clock_tolerance_s": settings.CLOCK_TOLERANCE_SECONDS,
         "now": now,
     }
     return render(request, "front/status.html", ctx)

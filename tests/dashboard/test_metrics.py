@@ -20,6 +20,7 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
+from monitor.answer import board
 from monitor.models import (
     GRAIN_DAY,
     GRAIN_HOUR,
@@ -28,7 +29,7 @@ from monitor.models import (
     Rollup,
     Route,
 )
-from monitor.pages import metrics, overview
+from monitor.pages import metrics
 from monitor.pipeline import ingest
 from monitor.pipeline.queues import known_queues
 from monitor.stats import hist, rollups
@@ -239,7 +240,7 @@ def test_ratios_are_provider_attributed_over_the_overview_window(
     body = scrape(reader)
     now = timezone.now()
     recent = rollups.stats_by(
-        rollups.rows(since=now - overview.WINDOW, until=now + timedelta(hours=1), grain=GRAIN_HOUR),
+        rollups.rows(since=now - board.WINDOW, until=now + timedelta(hours=1), grain=GRAIN_HOUR),
         ["route_id", "region_id"],
         histograms=False,
     )
@@ -262,7 +263,7 @@ def test_winners_are_an_info_metric_that_names_the_overview_winner(
     reader: Client, probed_world: World
 ) -> None:
     body = scrape(reader)
-    cells = [(row.task.slug, c) for row in overview.current().rows for c in row.cells]
+    cells = [(row.task.slug, c) for row in board.current().rows for c in row.cells]
     assert cells
     routes = {r.pk: r for r in Route.objects.select_related("provider")}
     for task_slug, cell in cells:

@@ -13,9 +13,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import transaction
 
-from monitor.answer import selection
+from monitor.answer import board, selection
 from monitor.models import SLOT_DISPATCHED, ProbeSlot, Task, WinnerChange
-from monitor.pages import overview
 from monitor.pipeline import ingest
 from tests.monitor import factories as f
 
@@ -45,8 +44,8 @@ def _miss(t, r, g, slots: list[datetime]) -> None:
         )
 
 
-def _cell(now: datetime) -> overview.Cell:
-    [row] = overview.refresh(now).rows
+def _cell(now: datetime) -> board.Cell:
+    [row] = board.refresh(now).rows
     [cell] = row.cells
     return cell
 
@@ -70,12 +69,13 @@ def test_a_stale_winner_keeps_its_cell_and_its_figures_with_the_facts_of_its_sil
     cell = _cell(now)
     assert cell.route_id == fast.pk
     assert cell.stale  # its own last probe, not the fresh runner-up's
-    assert cell.samples == 30  # its figures are kept, not read as 0 probes
+    assert cell.winner is not None
+    assert cell.winner.samples == 30  # its figures are kept, not read as 0 probes
     assert cell.silence == ("no probe for 8 min: 8 slots since were missed by our ap-south workers")
     assert WinnerChange.objects.filter(task=t).count() == 1  # no change, no false reason
     # The task page shows the same figures and the same words.
     routes = list(t.routes.order_by("pk"))
-    latency = selection.Window.read(now - overview.WINDOW, now + timedelta(hours=1))
+    latency = selection.Window.read(now - board.WINDOW, now + timedelta(hours=1))
     choice = selection.decide(
         t,
         routes,
@@ -101,7 +101,7 @@ def test_a_stale_challenger_cannot_take_a_cell_and_says_so_in_facts() -> None:
     now = T0 + timedelta(minutes=59)
     assert _cell(now).route_id == slow.pk  # the first winner is named from fresh routes only
     routes = list(t.routes.order_by("pk"))
-    window = selection.Window.read(now - overview.WINDOW, now + timedelta(hours=1))
+    window = selection.Window.read(now - board.WINDOW, now + timedelta(hours=1))
     choice = selection.decide(
         t,
         routes,
@@ -156,8 +156,9 @@ def test_no_first_winner_until_its_interval_closes_collecting_until_then() -> No
     assert not WinnerChange.objects.filter(task=t).exists()
     _feed(t, r, eu, 1, start_s=5 * 60, e2e_ms=1000)
     cell = _cell(T0 + timedelta(minutes=6))
-    assert cell.route_id == r.pk
-    assert cell.metric_high_ms is not None
+    assert cell.winner is not None
+    assert cell.winner.route_id == r.pk
+    assert cell.winner.metric_high_ms is not None
     assert cell.why == "first route to qualify"
 
 
@@ -176,7 +177,8 @@ def test_a_challenger_whose_five_samples_all_lie_below_the_winners_takes_over() 
     assert cell.route_id == lyra.pk
     assert cell.why == f"all 5 of its reference probes below all 6 of {relay}'s (e2e p50)"
     # Its median's interval has no upper end at 5: "faster with confidence" could not say so.
-    assert cell.metric_high_ms is None
+    assert cell.winner is not None
+    assert cell.winner.metric_high_ms is None
 
 
 def test_all_below_is_read_conservatively_and_needs_enough_samples() -> None:
@@ -222,3 +224,23 @@ def test_a_task_with_no_winner_says_what_each_route_lacked() -> None:
 def test_a_task_reads_its_silence_limit_from_its_schedule() -> None:
     slow = Task(probe_interval_s=1800, probe_timeout_s=900)  # stale after 1.5 h
     assert selection.silence_limit(slow) == timedelta(hours=4.5)
+
+
+# --- one writer of the winner's history ----------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_reader_that_rebuilds_an_old_board_records_no_winner_change() -> None:
+    p = f.provider()
+    r = f.route(p, "m")
+    eu = f.region("eu-west")
+    t = f.task("qa", [r], [eu])
+    _feed(t, r, eu, 10, e2e_ms=1000)
+    now = T0 + timedelta(minutes=10)
+    read = board.current(now)  # no snapshot and no beat: rebuilt for this reader
+    assert read.rows[0].cells[0].route_id == r.pk
+    assert not WinnerChange.objects.exists()
+    board.refresh(now)  # beat's rebuild records it
+    assert list(WinnerChange.objects.values_list("route_id", "reason")) == [
+        (r.pk, "first route to qualify")
+    ]

@@ -13,8 +13,8 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from monitor.answer import board
 from monitor.models import STATUS_OK, STATUS_UNKNOWN, Heartbeat, OverviewSnapshot
-from monitor.pages import overview
 from monitor.pipeline import ingest
 from monitor.tasks import OVERVIEW_REBUILD_LOCK, refresh_overview
 from tests.monitor import factories as f
@@ -49,20 +49,20 @@ def test_a_read_gets_the_snapshot_until_beat_is_clearly_behind_then_a_rebuild(wo
     t, fast, slow, eu = world
     now = timezone.now()
     _probe(t, slow, eu, now, ttft_ms=700)
-    first = overview.current(now)
+    first = board.current(now)
     assert first.rows[0].cells[0].route_label == "Acme / slow-model"
     _probe(t, fast, eu, now, ttft_ms=200)  # arrives after the snapshot was built
-    soon = now + overview.max_age() / 2
-    assert overview.current(soon).rows[0].cells[0].route_label == "Acme / slow-model"
-    assert overview.current(soon).built_at == now
+    soon = now + board.max_age() / 2
+    assert board.current(soon).rows[0].cells[0].route_label == "Acme / slow-model"
+    assert board.current(soon).built_at == now
     # Beat ticking but its rebuild running late (a loaded machine): readers still get the
     # snapshot, up to LATE_REFRESHES intervals.
-    late = now + overview.max_age() * 2
+    late = now + board.max_age() * 2
     Heartbeat.objects.create(name="tick", last_seen=late)
-    assert overview.current(late).built_at == now
+    assert board.current(late).built_at == now
     # Beat down (no tick for two intervals): a reader rebuilds it past one interval.
-    later = now + overview.max_age() * overview.LATE_REFRESHES + timedelta(seconds=1)
-    rebuilt = overview.current(later)
+    later = now + board.max_age() * board.LATE_REFRESHES + timedelta(seconds=1)
+    rebuilt = board.current(later)
     assert rebuilt.built_at == later
     assert rebuilt.rows[0].cells[0].route_label == "Acme / fast-model"
 
@@ -71,8 +71,8 @@ def test_the_snapshot_reads_back_exactly_what_was_built(world) -> None:
     t, fast, _slow, eu = world
     now = timezone.now()
     _probe(t, fast, eu, now, ttft_ms=200)
-    built = overview.refresh(now)
-    read = overview.current(now)
+    built = board.refresh(now)
+    read = board.current(now)
     assert read == built
     cell = read.rows[0].cells[0]
     assert cell.route_id == fast.pk
@@ -86,11 +86,11 @@ def test_staleness_is_judged_at_the_time_of_the_read(world) -> None:
     t, fast, _, eu = world
     now = timezone.now()
     _probe(t, fast, eu, now, ttft_ms=200)
-    overview.refresh(now)
+    board.refresh(now)
     # The snapshot is rebuilt when a read comes after the refresh interval, so read it as
     # beat left it, a moment before the cell's stale bound.
     snapshot = OverviewSnapshot.objects.get()
-    read = overview.Overview.from_json(snapshot.data).at(now + t.stale_after())
+    read = board.Overview.from_json(snapshot.data).at(now + t.stale_after())
     assert read.rows[0].cells[0].stale is True
     assert read.rows[0].cells[0].overall_status == STATUS_UNKNOWN
 
@@ -100,17 +100,17 @@ def test_a_configuration_change_shows_at_once(world, change: str) -> None:
     t, fast, _slow, eu = world
     now = timezone.now()
     _probe(t, fast, eu, now, ttft_ms=200)
-    overview.refresh(now)
+    board.refresh(now)
     if change == "rename task":
         t.name = "Questions and answers"
         t.save()
-        assert overview.current(now).rows[0].task.name == "Questions and answers"
+        assert board.current(now).rows[0].task.name == "Questions and answers"
     elif change == "drop route":
         t.routes.remove(fast)
-        assert overview.current(now).rows[0].cells[0].route_id is None
+        assert board.current(now).rows[0].cells[0].route_id is None
     else:
         t.regions.add(f.region("us-east"))
-        assert [c.region_slug for c in overview.current(now).rows[0].cells] == [
+        assert [c.region_slug for c in board.current(now).rows[0].cells] == [
             "eu-west",
             "us-east",
         ]
@@ -140,7 +140,7 @@ def test_beat_paces_a_slow_rebuild_so_it_never_takes_the_whole_worker(world) -> 
     assert OverviewSnapshot.objects.get().built_at == began  # untouched
     OverviewSnapshot.objects.update(built_at=now - timedelta(seconds=11))
     assert refresh_overview.apply().get() == 1  # 11 s after: due
-    latest_s = settings.DASHBOARD_REFRESH_SECONDS * (overview.LATE_REFRESHES - 1)
+    latest_s = settings.DASHBOARD_REFRESH_SECONDS * (board.LATE_REFRESHES - 1)
     OverviewSnapshot.objects.update(
         built_at=timezone.now() - timedelta(seconds=latest_s + 1), build_s=latest_s
     )

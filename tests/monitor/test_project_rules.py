@@ -168,6 +168,26 @@ def test_digest_never_imports_pages() -> None:
     assert _offending_imports("monitor.digest", ("monitor.pages",)) == []
 
 
+def test_the_answer_imports_no_page_no_api_and_no_digest() -> None:
+    """monitor/answer/ (the decision, its board and its history) sits under everything that
+    shows it: pages, the read API, /metrics, the digest."""
+    forbidden = ("monitor.pages", "monitor.api", "monitor.digest", "monitor.tasks")
+    assert _offending_imports("monitor.answer", forbidden) == []
+    assert _offending_imports("monitor.stats", ("monitor.answer",)) == []
+    assert _offending_imports("monitor.pipeline", ("monitor.answer",)) == []
+
+
+def test_nothing_but_the_urlconf_and_template_tags_imports_pages() -> None:
+    importers = {
+        module
+        for module, targets in _import_graph().items()
+        if not module.startswith("monitor.pages")
+        and any(t.startswith("monitor.pages") for t in targets)
+    }
+    assert importers <= {"monitor.urls", "monitor.templatetags.rw_pages"}, importers
+    assert "monitor.urls" in importers  # the rule sees the one importer that must be there
+
+
 def test_nothing_shipped_imports_the_local_dev_stack() -> None:
     for package in SHIPPED:
         assert _offending_imports(package, ("devstack",)) == []
@@ -176,8 +196,8 @@ def test_nothing_shipped_imports_the_local_dev_stack() -> None:
 def test_the_rules_see_function_level_and_relative_imports(tmp_path: Path) -> None:
     """A check that finds nothing must be able to find something."""
     graph = _import_graph()
-    # monitor/apps.py imports monitor.pages.overview inside ready().
-    assert "monitor.pages.overview" in graph["monitor.apps"]
+    # monitor/apps.py imports monitor.answer.board inside ready().
+    assert "monitor.answer.board" in graph["monitor.apps"]
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _circles({"a": {"b"}, "b": set()}) == []
 

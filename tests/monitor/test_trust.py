@@ -18,7 +18,7 @@ from decimal import Decimal
 
 import pytest
 
-from monitor.answer import selection, winners
+from monitor.answer import board, selection, winners
 from monitor.models import (
     CLASS_ASYNC,
     CLASS_BATCH,
@@ -32,7 +32,6 @@ from monitor.models import (
     Task,
     WinnerChange,
 )
-from monitor.pages import overview
 from monitor.pipeline import ingest, slots
 from monitor.stats import confidence, hist, rollups
 from monitor.stats.rollups import Stats
@@ -387,21 +386,22 @@ def test_the_overview_records_when_and_why_the_winner_changed() -> None:
     t = f.task("qa", [a, b], [eu])
     now = T0 + timedelta(minutes=1)
     _feed(t, a, eu, 20, e2e_ms=2000)
-    first = overview.refresh(now)
+    first = board.refresh(now)
     [cell] = first.rows[0].cells
     assert cell.route_label == str(a)
     assert cell.why == "first route to qualify"
     assert cell.winner_since == now
     _feed(t, b, eu, 20, start=30, e2e_ms=500)
     later = now + timedelta(minutes=2)
-    [cell] = overview.refresh(later).rows[0].cells
+    [cell] = board.refresh(later).rows[0].cells
     assert cell.route_label == str(b)
     assert cell.why.startswith("faster with confidence")
-    assert cell.runner_up_label == str(a)
+    assert cell.runner_up is not None
+    assert cell.runner_up.label == str(a)
     changes = list(WinnerChange.objects.filter(task=t).order_by("at"))
     assert [(c.route, c.previous) for c in changes] == [(a, None), (b, a)]
     # Nothing changed: nothing recorded, and the cell keeps the change's time and reason.
-    [cell] = overview.refresh(later + timedelta(minutes=1)).rows[0].cells
+    [cell] = board.refresh(later + timedelta(minutes=1)).rows[0].cells
     assert WinnerChange.objects.filter(task=t).count() == 2
     assert cell.winner_since == later
     assert winners.incumbents([t.pk]) == {(t.pk, eu.pk): b.pk}

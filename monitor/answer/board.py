@@ -1,4 +1,7 @@
-"""What the overview shows: per task and region, the fastest qualifying route and its figures.
+"""The board: per task and region, the fastest qualifying route (monitor.answer.selection.decide)
+and its runner-up, with their figures. The overview page, the read API (monitor.api) and
+/metrics read it; beat rebuilds it (refresh), which is the one writer of the winner's history
+(monitor.answer.winners): a reader that finds the board old rebuilds it without recording.
 
 Everything comes from the rollups (monitor.stats.rollups): one query for the window's rows of all
 tasks, merged in memory per (task, route, region) and per (task, route) for quality. The
@@ -70,64 +73,98 @@ class TaskInfo:
 
 
 @dataclass
-class Cell:
-    """One task in one region: its fastest qualifying route (None: none qualifies, and
-    `reason` says why) with that route's figures in the region."""
+class Ranked:
+    """A route the board names (the winner or the runner-up), with its figures in the region:
+    the one shape both share (the read API's FiguresJSON)."""
 
-    region_slug: str
-    region_name: str
-    route_id: int | None
-    route_label: str
-    reason: str
-    ttft_p50_ms: float | None
-    ttft_p95_ms: float | None
-    tps_p50: float | None
-    e2e_p95_ms: float | None
-    pass_rate: float | None
-    last_probe_at: datetime | None
-    stale_after_s: float
-    ttft_status: str
-    e2e_status: str
+    route_id: int
+    label: str
     # The ranking metric over the reference probes, with its 95% interval (None: no end).
-    metric_ms: float | None = None
-    metric_low_ms: float | None = None
-    metric_high_ms: float | None = None
-    samples: int = 0
-    # The winner's pass rate (all regions) and its 95% Wilson interval.
-    passed: int = 0
-    graded: int = 0
-    pass_low: float | None = None
-    pass_high: float | None = None
-    # The winner's availability here: the provider's failures out of its attempts.
-    errors: int = 0
-    attempts: int = 0
-    runner_up_id: int | None = None
-    runner_up_label: str = ""
-    runner_up_ms: float | None = None
-    runner_up_low_ms: float | None = None
-    runner_up_high_ms: float | None = None
-    tied: list[str] = field(default_factory=list)  # routes within noise of the winner
-    winner_since: datetime | None = None
-    why: str = ""  # why this route is the winner (the change that made it), or why none is
-    stale: bool = True  # set against the time of the read (see `Overview.at`)
-    silence: str = ""  # a stale winner's silence in facts (selection.Candidate.silence)
-    # For the read API (monitor.api): the tied routes' ids, and the runner-up's bar figures.
-    tied_ids: list[int] = field(default_factory=list)
-    runner_up_samples: int = 0
-    runner_up_passed: int = 0
-    runner_up_graded: int = 0
-    runner_up_pass_low: float | None = None
-    runner_up_pass_high: float | None = None
-    runner_up_errors: int = 0
-    runner_up_attempts: int = 0
+    metric_ms: float | None
+    metric_low_ms: float | None
+    metric_high_ms: float | None
+    samples: int
+    # Pass rate, all regions, and its 95% Wilson interval (graded 0: not graded).
+    passed: int
+    graded: int
+    pass_low: float | None
+    pass_high: float | None
+    # Availability here: the provider's failures out of its attempts, with its 95% interval
+    # (the bar needs the whole interval above the ceiling).
+    errors: int
+    attempts: int
+    errors_low: float | None = None
+    errors_high: float | None = None
+    # Slots our workers missed for it here: ours, never its errors.
+    missed: int = 0
+
+    @property
+    def pass_rate(self) -> float | None:
+        return self.passed / self.graded if self.graded else None
 
     @property
     def error_rate(self) -> float | None:
         return self.errors / self.attempts if self.attempts else None
 
+    @classmethod
+    def of(cls, c: selection.Candidate, stats: Stats | None) -> Ranked:
+        rate = c.pass_rate
+        return cls(
+            route_id=c.route.pk,
+            label=str(c.route),
+            metric_ms=c.metric.point,
+            metric_low_ms=c.metric.low,
+            metric_high_ms=c.metric.high,
+            samples=c.metric.n,
+            passed=rate.k if rate else 0,
+            graded=rate.n if rate else 0,
+            pass_low=rate.low if rate else None,
+            pass_high=rate.high if rate else None,
+            errors=c.errors.k,
+            attempts=c.errors.n,
+            errors_low=c.errors.low,
+            errors_high=c.errors.high,
+            missed=stats.count_missed if stats else 0,
+        )
+
+
+@dataclass
+class Cell:
+    """One task in one region: its fastest qualifying route (None: none qualifies, and
+    `reason` says why, for the task as a whole) and the runner-up, with the winner's latency
+    figures in the region."""
+
+    region_slug: str
+    region_name: str
+    winner: Ranked | None
+    runner_up: Ranked | None
+    reason: str
+    ttft_p50_ms: float | None
+    ttft_p95_ms: float | None
+    tps_p50: float | None
+    e2e_p95_ms: float | None
+    last_probe_at: datetime | None
+    stale_after_s: float
+    ttft_status: str
+    e2e_status: str
+    tied: list[str] = field(default_factory=list)  # routes within noise of the winner
+    tied_ids: list[int] = field(default_factory=list)
+    winner_since: datetime | None = None
+    why: str = ""  # why this route is the winner (the change that made it)
+    stale: bool = True  # set against the time of the read (see `Overview.at`)
+    silence: str = ""  # a stale winner's silence in facts (selection.Candidate.silence)
+
+    @property
+    def route_id(self) -> int | None:
+        return self.winner.route_id if self.winner else None
+
+    @property
+    def route_label(self) -> str:
+        return self.winner.label if self.winner else ""
+
     @property
     def overall_status(self) -> str:
-        if self.stale or self.route_id is None:
+        if self.stale or self.winner is None:
             return STATUS_UNKNOWN
         statuses = {self.ttft_status, self.e2e_status}
         for s in (STATUS_OVER, STATUS_NEAR, STATUS_OK):
@@ -177,6 +214,8 @@ class Overview:
                 for name in ("last_probe_at", "winner_since"):
                     when = cell.get(name)
                     cell[name] = datetime.fromisoformat(when) if when else None
+                for name in ("winner", "runner_up"):
+                    cell[name] = Ranked(**cell[name]) if cell.get(name) else None
                 cells.append(Cell(**cell))
             rows.append(TaskRow(task=TaskInfo(**row["task"]), cells=cells))
         return cls(
@@ -258,14 +297,13 @@ def _cell(
     return Cell(
         region_slug=region.slug,
         region_name=region.name,
-        route_id=winner.route.pk if winner else None,
-        route_label=str(winner.route) if winner else "",
+        winner=Ranked.of(winner, stats) if winner else None,
+        runner_up=Ranked.of(runner, latency.get(runner.route.pk)) if runner else None,
         reason=choice.reason,
         ttft_p50_ms=stats.ttft_ms(50) if stats else None,
         ttft_p95_ms=stats.metric(ttft_basis, reference=True) if stats else None,
         tps_p50=stats.tps(50) if stats else None,
         e2e_p95_ms=stats.metric(METRIC_E2E_P95, reference=True) if stats else None,
-        pass_rate=winner.pass_rate.point if winner and winner.pass_rate else None,
         last_probe_at=last,
         stale_after_s=task.stale_after().total_seconds(),
         ttft_status=task.budget_status(
@@ -274,33 +312,11 @@ def _cell(
         e2e_status=task.budget_status(
             METRIC_E2E_P95, stats.metric(METRIC_E2E_P95, reference=True) if stats else None
         ),
-        metric_ms=winner.metric.point if winner else None,
-        metric_low_ms=winner.metric.low if winner else None,
-        metric_high_ms=winner.metric.high if winner else None,
-        samples=winner.metric.n if winner else 0,
-        passed=winner.pass_rate.k if winner and winner.pass_rate else 0,
-        graded=winner.pass_rate.n if winner and winner.pass_rate else 0,
-        pass_low=winner.pass_rate.low if winner and winner.pass_rate else None,
-        pass_high=winner.pass_rate.high if winner and winner.pass_rate else None,
-        errors=winner.errors.k if winner else 0,
-        attempts=winner.errors.n if winner else 0,
-        runner_up_id=runner.route.pk if runner else None,
-        runner_up_label=str(runner.route) if runner else "",
-        runner_up_ms=runner.metric.point if runner else None,
-        runner_up_low_ms=runner.metric.low if runner else None,
-        runner_up_high_ms=runner.metric.high if runner else None,
         tied=[str(c.route) for c in choice.candidates if c.tied],
+        tied_ids=[c.route.pk for c in choice.candidates if c.tied],
         winner_since=since,
         why=why,
         silence=winner.silence if winner else "",
-        tied_ids=[c.route.pk for c in choice.candidates if c.tied],
-        runner_up_samples=runner.metric.n if runner else 0,
-        runner_up_passed=runner.pass_rate.k if runner and runner.pass_rate else 0,
-        runner_up_graded=runner.pass_rate.n if runner and runner.pass_rate else 0,
-        runner_up_pass_low=runner.pass_rate.low if runner and runner.pass_rate else None,
-        runner_up_pass_high=runner.pass_rate.high if runner and runner.pass_rate else None,
-        runner_up_errors=runner.errors.k if runner else 0,
-        runner_up_attempts=runner.errors.n if runner else 0,
     )
 
 
@@ -320,13 +336,23 @@ def max_age() -> timedelta:
 
 
 def refresh(now: datetime | None = None, *, keep_settled: bool = False) -> Overview:
-    """Rebuild the snapshot, and record every winner that changed (monitor.answer.winners).
+    """Beat's rebuild (monitor.tasks.refresh_overview): the snapshot, and every winner that
+    changed recorded (monitor.answer.winners), the one place that writes them.
     `keep_settled`: for beat's rebuild every few seconds over the same sliding window, read the
     window's settled hours once an hour, not every time (rollups.stats_over)."""
-    now = now or timezone.now()
+    return _rebuild(now or timezone.now(), keep_settled=keep_settled, record=True)
+
+
+def rebuilt(now: datetime) -> Overview:
+    """The board rebuilt for a reader (its snapshot replaced), recording nothing."""
+    return _rebuild(now, record=False)
+
+
+def _rebuild(now: datetime, *, keep_settled: bool = False, record: bool) -> Overview:
     started = time.perf_counter()
     overview, decisions = _build(now, WINDOW, keep_settled=keep_settled)
-    winners.record(decisions, now)
+    if record:
+        winners.record(decisions, now)
     overview.rows_html = render_to_string("front/_overview_rows.html", {"rows": overview.rows})
     OverviewSnapshot.objects.update_or_create(
         key=SNAPSHOT_KEY,
@@ -370,8 +396,13 @@ def current(now: datetime | None = None) -> Overview:
         .first()
     )
     if snapshot is None or (snapshot[1] <= now - max_age() and not _beat_ticking(now)):
-        return refresh(now)
-    return Overview.from_json(snapshot[0]).at(now)
+        # Rebuilt for this reader, never recorded: a change it shows is recorded by beat's
+        # next rebuild, which reads the same figures (or later ones).
+        return _rebuild(now, record=False)
+    try:
+        return Overview.from_json(snapshot[0]).at(now)
+    except (KeyError, TypeError):  # a snapshot written by an older release: rebuild it
+        return _rebuild(now, record=False)
 
 
 def _beat_ticking(now: datetime) -> bool:
