@@ -12,7 +12,8 @@ No Django here. Public surface:
 - run_batch(specs, window_s=, max_in_flight=) -> list[ProbeResult]
 - race(specs_by_name) -> RaceResult
 - grade(grader, text, expected, schema, tolerance) -> bool
-- WIRE_FORMATS: the registry of wire formats ("openai", "azure", "anthropic")
+- WIRE_FORMATS: the registry of wire formats ("openai", "azure", "anthropic", "responses",
+  "gemini", "bedrock"), one module each for the newer three
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
-"""python -m probes --url BASE --format openai|azure|anthropic --model M [options]
+"""python -m probes --url BASE --format openai|azure|anthropic|responses|gemini|bedrock --model M
 
 Without --json: a readable summary with p50/p95/p99 (and a progress bar for long runs).
 With --json: one JSON object per probe, field names as in the metric table.
 Keys and secret headers come from environment variables, never from the command line (where
-`ps` and shell histories would show them).
+`ps` and shell histories would show them). Bedrock signs with SigV4 from AWS_ACCESS_KEY_ID,
+AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN) unless --api-key-env names a Bedrock API key.
 """
 
 from __future__ import annotations
@@ -72,6 +73,10 @@ def summary(results: Sequence[ProbeResult]) -> str:
             f"({last.token_source}), speed counted from {last.streamed_output_tokens} streamed "
             f"({last.tps_token_source}), input {last.input_tokens}, cached {cached}"
         )
+        if last.server_ms is not None and last.e2e_ms is not None:
+            lines.append(
+                f"provider's own time {last.server_ms:,.0f} ms of e2e {last.e2e_ms:,.0f} ms"
+            )
         if last.reasoning_tokens:
             lines.append(
                 f"reasoning tokens {last.reasoning_tokens}, hidden {last.hidden_reasoning_tokens}"
@@ -84,7 +89,7 @@ def summary(results: Sequence[ProbeResult]) -> str:
 
 
 async def _run(
-    ns: argparse.Namespace, api_key: str, secret_headers: dict[str, str]
+    ns: argparse.Namespace, api_key: str, secret_headers: dict[str, str], aws: dict[str, str]
 ) -> list[ProbeResult]:
     spec = ProbeSpec(
         base_url=ns.url,
@@ -112,6 +117,10 @@ async def _run(
         extra_headers=dict(ns.header),
         secret_headers=secret_headers,
         stream_options=ns.stream_options,
+        aws_region=ns.aws_region or "",
+        aws_access_key_id=aws.get("aws_access_key_id", ""),
+        aws_secret_access_key=aws.get("aws_secret_access_key", ""),
+        aws_session_token=aws.get("aws_session_token", ""),
     )
     results: list[ProbeResult] = []
     done = 0
@@ -174,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--url",
         required=True,
-        help="base URL (…/v1 for OpenAI, before /v1 for Anthropic, the deployment URL for Azure)",
+        help="base URL (…/v1 for OpenAI and Responses, before /v1 for Anthropic, the deployment "
+        "URL for Azure, …/v1beta for Gemini, https://bedrock-runtime.REGION.amazonaws.com)",
     )
     parser.add_argument("--format", required=True, choices=sorted(WIRE_FORMATS))
     parser.add_argument("--model", required=True)
@@ -207,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
         help="JSON object merged into the body last (cannot set model, messages, stream)",
     )
     settings.add_argument("--api-version", help="Azure OpenAI: the api-version query parameter")
+    settings.add_argument(
+        "--aws-region", help="Bedrock: the region to sign for (default: from the URL's host)"
+    )
     settings.add_argument(
         "--no-stream-options",
         dest="stream_options",
@@ -250,7 +263,19 @@ def main(argv: list[str] | None = None) -> int:
         if not value:
             parser.error(f"--secret-header-env {item!r}: use NAME:ENVVAR with ENVVAR set")
         secret_headers[name.strip()] = value
-    results = asyncio.run(_run(ns, api_key, secret_headers))
+    aws: dict[str, str] = {}
+    if ns.format == "bedrock" and not api_key:
+        aws = {
+            "aws_access_key_id": os.environ.get("AWS_ACCESS_KEY_ID", ""),
+            "aws_secret_access_key": os.environ.get("AWS_SECRET_ACCESS_KEY", ""),
+            "aws_session_token": os.environ.get("AWS_SESSION_TOKEN", ""),
+        }
+        if not (aws["aws_access_key_id"] and aws["aws_secret_access_key"]):
+            parser.error(
+                "bedrock: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or --api-key-env "
+                "naming a Bedrock API key"
+            )
+    results = asyncio.run(_run(ns, api_key, secret_headers, aws))
     if not ns.json:
         print(summary(results))
     return 0 if all(r.ok for r in results) else 1

@@ -67,7 +67,6 @@ from probes.model import (
 )
 from probes.model import ERROR as OUTCOME_ERROR
 from probes.redact import redact
-from probes.sse import SSEParser
 from probes.transport import (
     HTTPCORE_ERRORS,
     Phases,
@@ -120,7 +119,7 @@ def _prepare(spec: ProbeSpec, fmt: WireFormat, stream_options: bool) -> _Prepare
         spec.system_prompt, spec.user_prompt, spec.input_tokens, spec.fresh_prefix
     )
     obj = fmt.body(spec, prompt, stream_options)
-    headers = {"accept": "text/event-stream", "accept-encoding": "identity"}
+    headers = {"accept": fmt.content_type, "accept-encoding": "identity"}
     headers.update(fmt.headers(spec))
     headers.update(spec.extra_headers)
     headers.update(spec.secret_headers)
@@ -131,7 +130,9 @@ def _prepare(spec: ProbeSpec, fmt: WireFormat, stream_options: bool) -> _Prepare
     else:
         body = json.dumps(obj, separators=(",", ":")).encode()
         headers["content-type"] = "application/json"
-    return _Prepared(fmt.url(spec), headers, body, obj)
+    url = fmt.url(spec)
+    fmt.sign(spec, url, headers, body)  # last: a signature covers the request as sent
+    return _Prepared(url, headers, body, obj)
 
 
 def _ms(start: float | None, end: float | None) -> float | None:
@@ -267,11 +268,12 @@ async def _attempt(
                     f"the provider redirects (HTTP {response.status_code}) to "
                     f"{response.headers.get('location', 'nowhere')!r}: the base URL is wrong"
                 )
-            parser = SSEParser(max_line_bytes=spec.max_line_bytes)
+            parser = fmt.framing(spec)
+            parse = fmt.reader()
             chunks = body_chunks(response)
             content_type = response.headers.get("content-type", "")
-            if not content_type.lower().startswith("text/event-stream"):
-                chunks = await _sniffed(chunks, content_type, response.status_code)
+            if not content_type.lower().startswith(fmt.content_type):
+                chunks = await _sniffed(chunks, content_type, response.status_code, fmt)
             received = 0
             async for chunk in chunks:
                 now = arrived_at()
@@ -281,20 +283,20 @@ async def _attempt(
                 for event in parser.feed(chunk):
                     if event.comment:
                         continue
-                    for piece in fmt.parse(event):
+                    for piece in parse(event):
                         state.take(piece, now, progress, spec.text_limit)
                 if state.first_at is not None and not state.rescheduled:
                     scope.reschedule(_loop_time(deadline_total))
                     state.rescheduled = True
                 if state.error is not None:
-                    raise StreamErrorEvent(state.error)
+                    raise state.failure()
             for event in parser.close():
                 if not event.comment:
-                    for piece in fmt.parse(event):
+                    for piece in parse(event):
                         state.take(piece, arrived_at(), progress, spec.text_limit)
             state.end_at = arrived_at()
             if state.error is not None:
-                raise StreamErrorEvent(state.error)
+                raise state.failure()
             if not (state.complete or state.finished):
                 if parser.foreign is not None and state.nothing_recognized():
                     raise NotAnEventStream(
@@ -348,14 +350,16 @@ def _timeout(spec: ProbeSpec, state: _StreamState) -> ProbeTimeout:
 
 
 async def _sniffed(
-    chunks: AsyncIterator[bytes], content_type: str, status: int
+    chunks: AsyncIterator[bytes], content_type: str, status: int, fmt: WireFormat
 ) -> AsyncIterator[bytes]:
-    """A 200 not labelled as an event stream: refused with what it was (a captive portal's or
-    gateway's HTML page, a JSON body from a server that ignored stream: true), unless it is
-    unlabelled and its first bytes are SSE, in which case the stream goes on from them."""
+    """A 200 not labelled as this format's stream: refused with what it was (a captive
+    portal's or gateway's HTML page, a JSON body from a server that ignored stream: true),
+    unless it is unlabelled and its first bytes are SSE, in which case an SSE stream goes on
+    from them."""
     first = await anext(chunks, b"")
     bare = content_type.split(";")[0].strip().lower()
-    if bare in _UNLABELLED and first.lstrip(b"\xef\xbb\xbf\r\n ").startswith(_SSE_STARTS):
+    sse = fmt.content_type == "text/event-stream"
+    if sse and bare in _UNLABELLED and first.lstrip(b"\xef\xbb\xbf\r\n ").startswith(_SSE_STARTS):
         return _prepend(first, chunks)
     raise NotAnEventStream(
         f"the response is not an event stream (HTTP {status}, content-type "
@@ -398,10 +402,12 @@ def _read_headers(result: ProbeResult, response: httpx2.Response) -> None:
         headers, "x-ratelimit-remaining-tokens", "anthropic-ratelimit-tokens-remaining"
     )
     result.retry_after_s = figures.retry_after_s(headers)
+    result.server_ms = figures.processing_ms(headers)
     result.request_id = (
         headers.get("x-request-id")
         or headers.get("request-id")
         or headers.get("apim-request-id")
+        or headers.get("x-amzn-requestid")
         or headers.get("x-sim-request-id")
         or ""
     )[:100]
@@ -437,6 +443,7 @@ class _StreamState:
     headers_at: float | None = None
     first_at: float | None = None
     first_answer_at: float | None = None
+    last_answer_at: float | None = None
     last_at: float | None = None
     end_at: float | None = None
     content_times: list[float] = field(default_factory=list)
@@ -448,15 +455,23 @@ class _StreamState:
     complete: bool = False
     finished: bool = False
     error: str | None = None
+    error_kind: str = ""
     rescheduled: bool = False
+    # The usage reported by the first answer chunk's arrival (multi-token chunks' speed).
+    usage_at_first_answer: dict[str, Any] | None = None
+    first_answer_text: list[str] = field(default_factory=list)
 
     def take(self, piece: Any, now: float, progress: Progress, text_limit: int) -> None:
         kind = piece.kind
         if kind in (REASONING, ANSWER, TOOL):
             if self.first_at is None:
                 self.first_at = now
-            if kind != REASONING and self.first_answer_at is None:
-                self.first_answer_at = now
+            if kind != REASONING:
+                if self.first_answer_at is None:
+                    self.first_answer_at = now
+                if now == self.first_answer_at:
+                    self.first_answer_text.append(piece.text)
+                self.last_answer_at = now
             self.last_at = now
             self.content_times.append(now)
             progress.output_chunks += 1
@@ -470,6 +485,8 @@ class _StreamState:
         elif kind == USAGE:
             if piece.usage:
                 self.usage.update({k: v for k, v in piece.usage.items() if v is not None})
+                if now == self.first_answer_at:
+                    self.usage_at_first_answer = dict(self.usage)
             if piece.meta is not None:
                 self.metas.append(piece.meta)
         elif kind == DONE:
@@ -480,6 +497,15 @@ class _StreamState:
                 self.metas.append(piece.meta)
         elif kind == ERROR:
             self.error = piece.text or "the provider sent an error event"
+            self.error_kind = piece.error_kind
+
+    def failure(self) -> ProbeError:
+        """The failure an error in the stream stands for: its kind as the format read it
+        (a rate limit, a server error, our settings), else stream_error."""
+        detail = self.error or "the provider sent an error event"
+        if self.error_kind == Kind.CONFIG:
+            return InvalidSpec(detail)
+        return StreamErrorEvent(detail, Kind(self.error_kind) if self.error_kind else None)
 
     def nothing_recognized(self) -> bool:
         return not (self.content_times or self.usage or self.metas)
@@ -517,6 +543,8 @@ def _finish(
         result.cached_tokens = usage.cached_tokens
         result.reasoning_tokens = usage.reasoning_tokens
         result.service_tier = result.service_tier or usage.service_tier
+        if usage.server_ms is not None:  # the whole request's, not the headers' time
+            result.server_ms = usage.server_ms
     times = state.content_times
     if len(times) > 1:
         gaps = [(b - a) * 1000.0 for a, b in itertools.pairwise(times)]
@@ -546,7 +574,20 @@ def _finish(
     result.streamed_output_tokens = speed.streamed_tokens
     result.tps_token_source = speed.source
     streamed = speed.streamed_tokens
-    if streamed and streamed > 1 and len(times) > 1 and times[-1] > times[0]:
+    if fmt.multi_token_chunks:
+        first_usage = state.usage_at_first_answer
+        chunked = figures.chunk_speed(
+            usage.answer_tokens if usage is not None and usage_output is not None else None,
+            fmt.usage(first_usage).answer_tokens if first_usage else None,
+            text,
+            "".join(state.first_answer_text),
+            state.first_answer_at,
+            state.last_answer_at,
+        )
+        if chunked is not None:
+            result.tps = chunked
+            result.tpot_ms = 1000.0 / chunked
+    elif streamed and streamed > 1 and len(times) > 1 and times[-1] > times[0]:
         result.tps = (streamed - 1) / (times[-1] - times[0])
         result.tpot_ms = 1000.0 / result.tps
     return result

@@ -95,6 +95,42 @@ def speed_tokens(
     return Speed(usage_output, SOURCE_USAGE, reported, 0 if reported == 0 else None)
 
 
+def chunk_speed(
+    answer_tokens: int | None,
+    first_chunk_tokens: int | None,
+    answer_text: str,
+    first_chunk_text: str,
+    first_at: float | None,
+    last_at: float | None,
+) -> float | None:
+    """Speed where a chunk carries many tokens (Gemini): the answer's tokens after its first
+    chunk, over the time from that chunk to the last. (n - 1) / window would count a whole
+    chunk of tokens as if it had taken no time. Counts come from usage (the answer's own count,
+    cumulative at the first chunk) when both are reported, else from the tokenizer."""
+    if first_at is None or last_at is None or last_at <= first_at:
+        return None
+    if answer_tokens is None or first_chunk_tokens is None:
+        answer_tokens, first_chunk_tokens = (
+            count_tokens(answer_text),
+            count_tokens(first_chunk_text),
+        )
+    after_first = answer_tokens - first_chunk_tokens
+    return after_first / (last_at - first_at) if after_first > 0 else None
+
+
+def processing_ms(headers: httpx2.Headers) -> float | None:
+    """The provider's processing time from a header (openai-processing-ms), in ms; null when
+    absent or not a finite, non-negative number. On a stream it reaches up to the headers."""
+    value = headers.get("openai-processing-ms")
+    if value is None:
+        return None
+    try:
+        number = float(value.strip())
+    except ValueError:
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
+
+
 def header_count(headers: httpx2.Headers, *names: str) -> int | None:
     """A count from the first of these headers present (rate-limit headroom). Clamped, not
     nulled, when above 2**31-1 or infinite: "inf" or a huge number means "more than we can

@@ -35,15 +35,15 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 from urllib.parse import quote
 
 from probes.errors import InvalidSpec, MalformedStream, RefusedParameter, UnknownWireFormat
 from probes.model import MAX_TOKENS, TOKEN_LIMIT_PARAMS, ProbeSpec
 from probes.prompts import Prompt
-from probes.sse import Event
+from probes.sse import Event, SSEParser
 
 __all__ = ["WIRE_FORMATS", "MalformedStream", "Piece", "Usage", "WireFormat", "wire_format"]
 
@@ -84,6 +84,8 @@ class Piece:
     text: str = ""
     usage: dict[str, Any] | None = None
     meta: dict[str, Any] | None = None  # the event's object, for what served the probe
+    # ERROR pieces: the failure's kind (a probes.errors.Kind value); "" is stream_error.
+    error_kind: str = ""
 
 
 @dataclass
@@ -93,6 +95,22 @@ class Usage:
     output_tokens: int | None = None
     reasoning_tokens: int | None = None
     service_tier: str = ""
+    # The provider's own time for the request, as it reports it in the stream (Bedrock's
+    # metrics.latencyMs); None when it reports none.
+    server_ms: float | None = None
+    # Output tokens of the answer alone, where the provider reports them apart (Gemini's
+    # candidatesTokenCount); speed over multi-token chunks reads it.
+    answer_tokens: int | None = None
+
+
+class Framing(Protocol):
+    """Turns a response body's bytes into events, as they arrive (SSE, AWS event-stream)."""
+
+    foreign: str | None  # the first line that is no event at all (an HTML page)
+
+    def feed(self, chunk: bytes) -> list[Event]: ...
+
+    def close(self) -> list[Event]: ...
 
 
 @dataclass
@@ -146,8 +164,10 @@ def error_message(text: str) -> tuple[str, str, str]:
     )
 
 
-def _merge_extra(body: dict[str, Any], spec: ProbeSpec) -> dict[str, Any]:
-    clash = sorted(PROTECTED_BODY_KEYS & set(spec.extra_body))
+def merge_extra(
+    body: dict[str, Any], spec: ProbeSpec, protected: frozenset[str] = PROTECTED_BODY_KEYS
+) -> dict[str, Any]:
+    clash = sorted(protected & set(spec.extra_body))
     if clash:
         raise InvalidSpec(
             f"extra_body may not set {', '.join(clash)}: the probe sets them (what it measures)"
@@ -162,9 +182,26 @@ class WireFormat:
     # Whether the probe asks for usage in the stream (`stream_options`), and retries without
     # it when a server refuses it.
     sends_stream_options: ClassVar[bool] = False
+    # The content type of a streamed response (a prefix of the header's value).
+    content_type: ClassVar[str] = "text/event-stream"
+    # Chunks carry many tokens each (Gemini): speed is the answer's tokens after its first
+    # chunk over the time from that chunk to the last (figures.chunk_speed).
+    multi_token_chunks: ClassVar[bool] = False
 
     def url(self, spec: ProbeSpec) -> str:
         return spec.base_url.rstrip("/") + self.path
+
+    def framing(self, spec: ProbeSpec) -> Framing:
+        """A new decoder of this format's stream framing, one per response."""
+        return SSEParser(max_line_bytes=spec.max_line_bytes)
+
+    def reader(self) -> Callable[[Event], list[Piece]]:
+        """The parse function for one response: formats that check the stream as a whole
+        (Responses' sequence numbers) return one with its own state."""
+        return self.parse
+
+    def sign(self, spec: ProbeSpec, url: str, headers: dict[str, str], body: bytes) -> None:
+        """Add request authentication computed over the final request (SigV4), in place."""
 
     def headers(self, spec: ProbeSpec) -> dict[str, str]:
         raise NotImplementedError
@@ -271,7 +308,7 @@ class OpenAIChat(WireFormat):
             body["service_tier"] = spec.service_tier
         if spec.temperature is not None:
             body["temperature"] = spec.temperature
-        return _merge_extra(body, spec)
+        return merge_extra(body, spec)
 
     def parse(self, event: Event) -> list[Piece]:
         raw = event.data
@@ -381,7 +418,7 @@ class AnthropicMessages(WireFormat):
             body["service_tier"] = spec.service_tier
         if spec.temperature is not None:
             body["temperature"] = spec.temperature
-        return _merge_extra(body, spec)
+        return merge_extra(body, spec)
 
     def parse(self, event: Event) -> list[Piece]:
         kind = event.event
@@ -449,9 +486,21 @@ class AnthropicMessages(WireFormat):
         return served
 
 
-WIRE_FORMATS: dict[str, WireFormat] = {
-    f.name: f for f in (OpenAIChat(), AzureOpenAIChat(), AnthropicMessages())
-}
+# The newer dialects, each a module of its own; they build on the classes above. (probes/
+# __init__ imports this module first, so they always find them defined.)
+from probes.bedrock import BedrockConverse  # noqa: E402
+from probes.gemini import GeminiNative  # noqa: E402
+from probes.responses import OpenAIResponses  # noqa: E402
+
+_ALL: tuple[WireFormat, ...] = (
+    OpenAIChat(),
+    AzureOpenAIChat(),
+    AnthropicMessages(),
+    OpenAIResponses(),
+    GeminiNative(),
+    BedrockConverse(),
+)
+WIRE_FORMATS: dict[str, WireFormat] = {f.name: f for f in _ALL}
 
 
 def wire_format(name: str) -> WireFormat:

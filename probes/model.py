@@ -41,7 +41,7 @@ class ProbeSpec:
     (`https://RESOURCE.openai.azure.com/openai/deployments/DEPLOYMENT`)."""
 
     base_url: str
-    format: str  # a key of probes.formats.WIRE_FORMATS: "openai" | "anthropic" | "azure"
+    format: str  # a key of probes.formats.WIRE_FORMATS: "openai", "anthropic", "bedrock"...
     model: str
     api_key: str = field(default="", repr=False)
     user_prompt: str = "Say hello."
@@ -73,10 +73,25 @@ class ProbeSpec:
     # Headers that carry credentials (gateway keys...): like api_key, never in repr, redacted
     # from every detail.
     secret_headers: dict[str, str] = field(default_factory=dict, repr=False)
+    # Amazon Bedrock: the region, and SigV4 credentials (used when api_key, a Bedrock API key
+    # sent as a bearer token, is empty).
+    aws_region: str = ""
+    aws_access_key_id: str = ""
+    aws_secret_access_key: str = field(default="", repr=False)
+    aws_session_token: str = field(default="", repr=False)
 
     def secrets(self) -> tuple[str, ...]:
-        """Every value this spec must never leak: the key and the secret headers' values."""
-        return (self.api_key, *self.secret_headers.values())
+        """Every value this spec must never leak: the keys and the secret headers' values."""
+        return tuple(
+            s
+            for s in (
+                self.api_key,
+                self.aws_secret_access_key,
+                self.aws_session_token,
+                *self.secret_headers.values(),
+            )
+            if s
+        )
 
     def __repr__(self) -> str:  # never a secret
         shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.repr}
@@ -122,6 +137,10 @@ class ProbeResult:
     served_model: str = ""  # the response's model id
     service_tier: str = ""  # the tier the provider reports having used
     connection_reused: bool | None = None  # None when no request got as far as a connection
+    # The provider's own time, as it reports it: Bedrock's metrics.latencyMs (the whole
+    # request), else a processing-time header (openai-processing-ms: up to the headers). The
+    # rest of e2e is the path's.
+    server_ms: float | None = None
 
     @property
     def ok(self) -> bool:

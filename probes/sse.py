@@ -19,9 +19,14 @@ __all__ = ["Event", "LineTooLong", "SSEParser"]
 
 @dataclass
 class Event:
+    """One event of a stream: an SSE event, or one message of AWS's binary event-stream
+    (probes/bedrock.py), where `event` is its event type or, with `exception`, its exception
+    type."""
+
     event: str = ""
     data: str = ""
     comment: bool = False
+    exception: bool = False
 
 
 @dataclass

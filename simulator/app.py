@@ -34,13 +34,13 @@ import msgpack
 
 from simulator import generation
 from simulator.config import FAULTS, Config, Provider
+from simulator.formats import FORMATS
 from simulator.profiles import PROFILES
 from simulator.server import Request, Responder
 from simulator.wire import (
     ABORT,
     ANSWER,
     END,
-    FORMATS,
     FRAME,
     REASONING,
     Endpoint,
@@ -87,6 +87,7 @@ class Truth:
     cached_tokens: int = 0
     cache_creation_tokens: int = 0
     service_tier: str | None = None
+    server_ms: float | None = None  # the provider's own time, as its response reports it
     correct: bool | None = None
     faults: list[str] = field(default_factory=list)
     planned_ttft_ms: float | None = None
@@ -142,6 +143,7 @@ class Player:
         # reasoning, hidden) to record when the stream completes.
         self.hidden_before = hidden_before
         self.final = final
+        self.last_sent = 0.0
         self.loop = asyncio.get_running_loop()
         self.done: asyncio.Future[None] = self.loop.create_future()
         self.step: Step | None = None
@@ -185,7 +187,10 @@ class Player:
                     truth.end_at = _clock()
                     responder.abort()
                 return None  # STALL: send nothing more; done when the client leaves
-            sent = responder.write(data)
+            # A token step without bytes came in the previous step's chunk (a chunk of many
+            # tokens, Gemini): it arrived when that chunk did.
+            sent = responder.write(data) if data else self.last_sent
+            self.last_sent = sent
             if at is not None:
                 lag_ms = (sent - at) * 1000.0
                 self.lags.append(lag_ms)
@@ -378,8 +383,7 @@ class SimulatorApp:
         self._remember(truth)
         try:
             wire.check_query(request.query)
-            if wire.api_key(request.headers) not in provider.api_keys:
-                raise wire.unauthorized()
+            wire.authenticate(provider, request)
             wire.check_headers(request.headers)
             endpoint = wire.endpoint(request.method, path)
             if endpoint.kind == "models":
@@ -394,7 +398,12 @@ class SimulatorApp:
             truth.status = err.status
             truth.end_at = responder.respond(
                 err.status,
-                [("content-type", "application/json"), *headers, *err.headers],
+                [
+                    ("content-type", "application/json"),
+                    *headers,
+                    *err.headers,
+                    *wire.error_headers(err),
+                ],
                 wire.error_body(err),
             )
             truth.headers_sent_at = truth.end_at
@@ -434,8 +443,7 @@ class SimulatorApp:
         if profile is None:
             raise wire.model_not_found(model)
         truth.model = profile.id
-        if not isinstance(body.get("messages"), list) or not body["messages"]:
-            raise HttpError(400, "messages: a non-empty list is required.", param="messages")
+        wire.check_body(body)
         shaped = PROFILES[profile.profile].read(body, profile)
         prompt = wire.prompt(body)
         if provider.allow_fault_header and "[sim-fault:" in prompt.text:
@@ -488,7 +496,7 @@ class SimulatorApp:
         truth.correct = plan.correct
         truth.planned_ttft_ms = plan.ttft_s * 1000
         truth.planned_tokens_per_s = plan.decode_tokens_per_s
-        truth.stream = bool(body.get("stream"))
+        truth.stream = wire.streams(body, endpoint)
         ctx = StreamContext(
             plan=plan,
             request_id=truth.id,
@@ -499,6 +507,7 @@ class SimulatorApp:
             reasoning_key=shaped.reasoning_key,
             waiting=shaped.waiting,
             thinking=shaped.thinking,
+            options=shaped.options,
         )
         if "stall_headers" in faults:
             await responder.wait_closed()
@@ -546,11 +555,15 @@ class SimulatorApp:
         truth: Truth,
         headers: list[tuple[str, str]],
     ) -> None:
+        timing = wire.timing_headers(truth.received_at)
         sse_headers = [
-            ("content-type", "text/event-stream; charset=utf-8"),
+            ("content-type", wire.stream_content_type),
             ("cache-control", "no-cache"),
             *headers,
+            *timing,
         ]
+        if timing:
+            truth.server_ms = float(timing[0][1])
         truth.headers_sent_at = responder.start(200, sse_headers)
         faults = ctx.faults
         if "trickle" in faults:
@@ -581,6 +594,8 @@ class SimulatorApp:
         player = Player(responder, wire.steps(ctx), truth, self.lags_ms, plan.hidden_before, final)
         player.start()
         await player.done
+        if ctx.server_ms is not None:
+            truth.server_ms = ctx.server_ms
 
 
 __all__ = ["FRAME", "REASONING", "SimulatorApp", "Truth"]

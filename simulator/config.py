@@ -2,11 +2,13 @@
 
 [[providers]]
 slug = "fastchip"              # reached at /fastchip/v1/... (OpenAI) or /fastchip/v1/messages
-format = "openai"              # or "anthropic"
+format = "openai"              # or "anthropic", "responses", "gemini", "bedrock"
 profile = "azure-openai"       # provider profile (optional): the format's own API by default;
                                # "azure-openai" = api-key header, /openai/deployments/<id>/...
 api_keys = ["sk-sim-fastchip"]
 allow_fault_header = true      # honour x-sim-fault (tests); false in a real demo
+region = "us-east-1"           # bedrock: the region requests are signed for
+aws_keys = { AKIDSIM = "secret" }  # bedrock: SigV4 access key id -> secret access key
 accepts_msgpack = false        # true: application/vnd.msgpack bodies are read (Cerebras does)
 requests_per_minute = 600      # 0 = unlimited; past it: 429 with retry-after
 tokens_per_minute = 0
@@ -30,7 +32,8 @@ output_tokens = 200            # typical answer length (max_tokens caps it)
 quality = 0.95                 # probability of answering an eval question right
 keepalive_interval_ms = 1000   # deepseek-/openrouter-reasoning: SSE comments while waiting
 min_cacheable_tokens = 1024    # anthropic: shortest prefix a cache_control breakpoint caches
-thinking_summary_ratio = 1.0   # anthropic: streamed thinking / billed thinking tokens
+thinking_summary_ratio = 1.0   # anthropic, gemini, responses: streamed / billed thinking
+chunk_tokens = 8               # gemini: tokens per streamed chunk
 """
 
 from __future__ import annotations
@@ -58,6 +61,10 @@ FAULTS = (
     "huge_line",
     "truncated",
     "ratelimit_inf",
+    "stream_throttled",  # an in-stream rate-limit error (Responses, Gemini, Bedrock)
+    "prompt_blocked",  # Gemini: promptFeedback.blockReason
+    "sequence_gap",  # Responses: one event's sequence_number skipped
+    "bad_signature",  # Bedrock: SigV4 checked against a different secret (403)
 )
 
 # Model profiles each format allows; the first is the default.
@@ -69,10 +76,16 @@ MODEL_PROFILES: dict[str, tuple[str, ...]] = {
         "openrouter-reasoning",  # reasoning deltas, ": OPENROUTER PROCESSING" while waiting
     ),
     "anthropic": ("anthropic",),
+    "responses": ("openai-responses",),  # OpenAI Responses: hidden reasoning, summaries
+    "gemini": ("gemini",),  # Gemini native: thought parts, cumulative usageMetadata
+    "bedrock": ("bedrock",),  # Bedrock ConverseStream: reasoningContent, latency modes
 }
 PROVIDER_PROFILES: dict[str, tuple[str, ...]] = {
     "openai": ("openai", "azure-openai"),
     "anthropic": ("anthropic",),
+    "responses": ("responses",),
+    "gemini": ("gemini",),
+    "bedrock": ("bedrock",),
 }
 
 
@@ -101,6 +114,8 @@ class Profile:
     keepalive_interval_ms: float = 1000.0
     min_cacheable_tokens: int = 1024
     thinking_summary_ratio: float = 1.0
+    # Gemini: tokens per streamed chunk (a chunk carries many).
+    chunk_tokens: int = 8
     label: str = "simulated"
     # Not used by the server; the demo data loader copies them onto its Routes.
     price_input_per_mtok: float = 0.0
@@ -132,10 +147,14 @@ class Provider:
     headers_after_queue: bool = False
     faults: dict[str, float] = field(default_factory=dict)
     name: str = ""
+    # Bedrock: the region it signs for, and SigV4 credentials (access key id -> secret);
+    # api_keys are then Bedrock API keys (bearer tokens).
+    region: str = "us-east-1"
+    aws_keys: dict[str, str] = field(default_factory=dict)
 
     @property
     def wire(self) -> str:
-        """The key of this provider's wire format in simulator.wire.FORMATS."""
+        """The key of this provider's wire format in simulator.formats.FORMATS."""
         return "azure" if self.profile == "azure-openai" else self.format
 
 
@@ -165,6 +184,8 @@ def _profile(raw: dict[str, Any], fmt: str, where: str) -> Profile:
         raise ConfigError(f"{where}: thinking_summary_ratio must be between 0 and 1")
     if profile.keepalive_interval_ms <= 0:
         raise ConfigError(f"{where}: keepalive_interval_ms must be positive")
+    if profile.chunk_tokens < 1:
+        raise ConfigError(f"{where}: chunk_tokens must be at least 1")
     if profile.min_cacheable_tokens < 0 or profile.reasoning_tokens < 0:
         raise ConfigError(f"{where}: token counts cannot be negative")
     return profile
@@ -183,8 +204,8 @@ def parse(data: dict[str, Any]) -> Config:
             if not 0.0 <= probability <= 1.0:
                 raise ConfigError(f"{where}: fault {name} probability must be between 0 and 1")
         fmt = raw.get("format")
-        if fmt not in ("openai", "anthropic"):
-            raise ConfigError(f"{where}: format must be openai or anthropic")
+        if fmt not in MODEL_PROFILES:
+            raise ConfigError(f"{where}: format must be one of {', '.join(MODEL_PROFILES)}")
         raw["profile"] = raw.get("profile") or PROVIDER_PROFILES[fmt][0]
         if raw["profile"] not in PROVIDER_PROFILES[fmt]:
             allowed = ", ".join(PROVIDER_PROFILES[fmt])

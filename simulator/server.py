@@ -454,6 +454,8 @@ class _H2Stream:
 
     def dispatch(self) -> None:
         path, _, query = self.pseudo.get(":path", "/").partition("?")
+        if "host" not in self.headers and ":authority" in self.pseudo:
+            self.headers["host"] = self.pseudo[":authority"]  # what HTTP/1.1 calls Host (SigV4)
         request = Request(
             method=self.pseudo.get(":method", "GET"),
             path=path,

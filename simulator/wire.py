@@ -64,7 +64,8 @@ class Waiting:
 @dataclass(slots=True)
 class Endpoint:
     kind: str  # "generate" | "models"
-    model: str | None = None  # a model named by the URL (Azure deployments)
+    model: str | None = None  # a model named by the URL (Azure deployments, Gemini, Bedrock)
+    stream: bool | None = None  # the URL says whether to stream (Gemini, Bedrock)
 
 
 @dataclass
@@ -153,11 +154,17 @@ class StreamContext:
     reasoning_key: str = "reasoning_content"
     waiting: Waiting | None = None
     thinking: bool = False  # Anthropic: the response has a thinking block
+    # What else the request asked of the rendering (Responses: obfuscation; Bedrock: the
+    # latency mode), from the model profile.
+    options: dict[str, Any] = field(default_factory=dict)
+    # The provider's own time for the request as the stream reports it (Bedrock's
+    # metrics.latencyMs), set when rendered: ground truth for server_ms.
+    server_ms: float | None = None
 
     @property
     def cut(self) -> int | None:
         """How many tokens go out before a mid-stream fault (stall, error, truncation)."""
-        if self.faults & {"stall_mid", "truncated", "stream_error"}:
+        if self.faults & {"stall_mid", "truncated", "stream_error", "stream_throttled"}:
             return min(5, self.plan.shown_tokens)
         return None
 
@@ -209,6 +216,24 @@ class WireFormat:
     # True: prompt caching only at cache_control breakpoints (Anthropic); False: automatic
     # prefix caching (OpenAI and most OpenAI-compatible servers).
     explicit_cache: ClassVar[bool] = False
+    stream_content_type: ClassVar[str] = "text/event-stream; charset=utf-8"
+
+    def authenticate(self, provider: Provider, request: Any) -> None:
+        """Refuse a request whose credentials are not the provider's (an HttpError)."""
+        if self.api_key(request.headers) not in provider.api_keys:
+            raise self.unauthorized()
+
+    def check_body(self, body: dict[str, Any]) -> None:
+        """Refuse a body without what the API requires (after the model is known)."""
+        if not isinstance(body.get("messages"), list) or not body["messages"]:
+            raise HttpError(400, "messages: a non-empty list is required.", param="messages")
+
+    def streams(self, body: dict[str, Any], endpoint: Endpoint) -> bool:
+        return endpoint.stream if endpoint.stream is not None else bool(body.get("stream"))
+
+    def timing_headers(self, received_at: float) -> list[tuple[str, str]]:
+        """Headers reporting the provider's own time so far, taken when the headers go out."""
+        return []
 
     def endpoint(self, method: str, path: str) -> Endpoint:
         """Which endpoint a request is for; HttpError when none."""
@@ -285,6 +310,9 @@ class WireFormat:
         if "stream_error" in ctx.faults:
             yield None, self.stream_error(), FRAME
             yield None, b"", END
+        elif "stream_throttled" in ctx.faults:
+            yield None, self.stream_throttled(), FRAME
+            yield None, b"", END
         elif "stall_mid" in ctx.faults:
             yield None, b"", STALL
         else:  # truncated
@@ -292,6 +320,14 @@ class WireFormat:
 
     def stream_error(self) -> bytes:
         raise NotImplementedError
+
+    def stream_throttled(self) -> bytes:
+        """An in-stream rate-limit error; a dialect without one sends its stream error."""
+        return self.stream_error()
+
+    def error_headers(self, err: HttpError) -> list[tuple[str, str]]:
+        """Headers of an error response, beyond the error's own (Bedrock's error type)."""
+        return []
 
 
 @dataclass(slots=True)
@@ -909,8 +945,3 @@ def _cache_ttl(cache_control: Any) -> float:
     if ttl not in CACHE_TTLS_S:
         raise HttpError(400, "cache_control.ttl: Input should be '5m' or '1h'")
     return CACHE_TTLS_S[ttl]
-
-
-FORMATS: dict[str, WireFormat] = {
-    f.name: f for f in (OpenAIChat(), AzureChat(), AnthropicMessages())
-}

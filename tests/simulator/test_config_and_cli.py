@@ -136,7 +136,7 @@ def test_the_cli_refuses_a_broken_config(tmp_path: Path) -> None:
         timeout=60,
     )
     assert done.returncode != 0
-    assert "format must be openai or anthropic" in done.stderr
+    assert "format must be one of openai, anthropic, responses, gemini, bedrock" in done.stderr
 
 
 def test_the_demo_shows_each_real_apis_behaviour() -> None:
