@@ -16,3 +16,7 @@ RUN SECRET_KEY=$(python -c "import secrets; print(secrets.token_urlsafe(50))") F
 RUN useradd --create-home routewatch
 USER routewatch
 EXPOSE 8000
+# The image's own command is a region worker (RW_REGION, RW_REGION_KEYS, REDIS_URL; see
+# docs/remote-regions.md); the server's services set theirs (docker-compose.yml).
+# `python -m monitor.region_worker health` is its health command.
+CMD ["python", "-m", "monitor.region_worker", "run"]

@@ -11,7 +11,7 @@ import secrets
 import sys
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import dj_database_url
@@ -34,6 +34,21 @@ def _fail(message: str) -> ImproperlyConfigured:
     return ImproperlyConfigured(f"Routewatch configuration error: {message}")
 
 
+def _verified_broker_url(url: str, ca_file: str) -> str:
+    """A rediss:// URL that verifies the broker's certificate whoever reads it: kombu's Redis
+    transport (Celery) does not verify one without `ssl_cert_reqs` (it warns and goes on
+    insecurely), redis-py does; both read these query parameters, so every client of the
+    broker (Celery, the beacons, the nonce claims) verifies against the same CA."""
+    if not url.startswith("rediss://"):
+        return url
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query))
+    query.setdefault("ssl_cert_reqs", "required")
+    if ca_file:
+        query.setdefault("ssl_ca_certs", ca_file)
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
 try:
     DEBUG = envbool("DEBUG", False)
     # A region worker reaches only the broker: no database settings needed or used.
@@ -43,6 +58,18 @@ try:
     # address (the demo's per-region delay proxies), like curl --connect-to.
     CONNECT_TO = envlist("RW_CONNECT_TO", [])
     REDIS_URL = envsecret("REDIS_URL")
+    # The CA a rediss:// broker's certificate must chain to (a region elsewhere: the broker's
+    # own CA, docs/remote-regions.md); empty: the system's CAs.
+    REDIS_CA_FILE = envstr("REDIS_CA_FILE")
+    # A region worker whose clock is further than this from the broker's (Redis TIME, the
+    # central clock) refuses work, with a logged reason, until its time sync is fixed; within
+    # it, the worker judges expiry and start times by the central clock (its own plus the
+    # measured offset: monitor.pipeline.clock).
+    CLOCK_TOLERANCE_SECONDS = envint("RW_CLOCK_TOLERANCE_SECONDS", 300, minimum=1, maximum=3600)
+    # A region worker that has taken nothing for this long while messages wait in its queue and
+    # it has threads free has stopped consuming (celery#10205): it exits, and its supervisor
+    # starts it again (monitor.pipeline.liveness).
+    CONSUMER_STALL_SECONDS = envint("RW_CONSUMER_STALL_SECONDS", 20, minimum=5, maximum=3600)
     # A region worker holds no SECRET_KEY, database, mail or master key: its region's own
     # secrets (RW_REGION_KEYS, "key_id:secret,...") authenticate what it is sent and open
     # the provider keys the beat re-encrypted for it (monitor.pipeline.signing).
@@ -174,6 +201,7 @@ if not REDIS_URL:
     )
 if not REDIS_URL.startswith(("redis://", "rediss://")):
     raise _fail(f"REDIS_URL must start with redis:// or rediss://, got {REDIS_URL.split(':')[0]}:")
+REDIS_URL = _verified_broker_url(REDIS_URL, REDIS_CA_FILE)
 if EMAIL_USE_TLS and EMAIL_USE_SSL:
     raise _fail("EMAIL_USE_TLS and EMAIL_USE_SSL cannot both be true.")
 if LOG_LEVEL not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):

@@ -10,8 +10,10 @@ them): they never change.
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -19,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import Task, shared_task
-from celery.signals import worker_init, worker_ready
+from celery.signals import task_received, worker_init, worker_ready
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 from django.db.models import F
@@ -30,6 +32,7 @@ from monitor.answer import board
 from monitor.digest import sending
 from monitor.models import Heartbeat
 from monitor.pipeline import (
+    clock,
     ingest,
     liveness,
     queues,
@@ -170,6 +173,51 @@ def _warm_the_engine(**_: Any) -> None:
     tokenizer's tables: seconds on a busy machine, while every other probe waits)."""
     if settings.RW_REGION:
         count_tokens("warm up")
+        # Its clock against the central one before its first message (monitor.pipeline.clock).
+        with contextlib.suppress(Exception):
+            clock.measure()
+
+
+# When this region worker last took a message (monitor.pipeline.liveness.Consumer).
+CONSUMER = liveness.Consumer(started=time.monotonic())
+# Messages refused because this worker's clock was beyond the tolerance.
+_refused_for_clock = 0
+
+
+@task_received.connect
+def _consumed(**_: Any) -> None:
+    """The consumer handed a message over: it consumes (whatever the message turns out to be)."""
+    CONSUMER.consumed(clock.now())
+
+
+def _clock_refuses(what: str) -> bool:
+    """Refuse a message, with the reason logged, when this worker's clock is too far off the
+    central one to judge its expiry and planned starts (monitor.pipeline.clock)."""
+    global _refused_for_clock
+    if clock.offset_s() is None:
+        with contextlib.suppress(Exception):
+            clock.measure()
+    off = clock.beyond_tolerance()
+    if off is None:
+        return False
+    _refused_for_clock += 1
+    log.error("refused a %s: %s", what, clock.refusal(off))
+    return True
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("routewatch")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _stop_for_restart(reason: str) -> None:
+    """Exit so the supervisor starts this worker again: a warm shutdown (running batches end
+    and are acknowledged), then a hard exit if that takes over half a minute."""
+    log.error("%s; exiting so that its supervisor restarts it", reason)
+    threading.Timer(30.0, os._exit, args=(75,)).start()
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 @worker_ready.connect
@@ -182,14 +230,53 @@ def _start_liveness_beacon(sender: Any = None, **_: Any) -> None:
     if not region or f"probes.{region}" not in names:
         return
     threads = int(getattr(getattr(sender, "pool", None), "limit", 0) or 0)
+    version = _version()
+    stopping = threading.Event()
 
     def beat() -> None:
         load = worker.LOAD
+        try:
+            clock.measure()
+            waiting: int | None = queues.depths([f"probes.{region}"])[f"probes.{region}"]
+        except Exception:  # the broker is away: no verdict on consuming (the spool holds on)
+            waiting = None
+        CONSUMER.reached(waiting is not None)
+        idle = CONSUMER.stalled(
+            waiting or 0, threads - load.holding, settings.CONSUMER_STALL_SECONDS
+        )
+        off = clock.beyond_tolerance()
+        reason = ""
+        if idle is not None:
+            reason = (
+                f"stopped consuming: {waiting} messages wait in probes.{region}, {threads - load.holding} "
+                f"threads are free and it took none for {idle:.0f} s (celery#10205)"
+            )
+        elif off is not None:
+            reason = clock.refusal(off)
+        with contextlib.suppress(OSError):
+            liveness.write_health(
+                spool.directory(),
+                {
+                    "written_at": time.time(),
+                    "pid": os.getpid(),
+                    "consuming": idle is None,
+                    "clock_ok": off is None,
+                    "reason": reason,
+                },
+            )
+        if idle is not None and not stopping.is_set():
+            stopping.set()
+            _stop_for_restart(f"region worker {reason}")
+        try:
+            spooled = spool.pending()
+        except OSError:
+            spooled = -1
+        offset = clock.offset_s()
         liveness.publish(
             {
                 "region": region,
                 "worker": f"{socket.gethostname()}:{os.getpid()}",
-                "seen_at": time.time(),
+                "seen_at": clock.now(),
                 "in_flight": load.in_flight,
                 "holding": load.holding,
                 "capacity": settings.PROBES_IN_FLIGHT_MAX,
@@ -197,6 +284,12 @@ def _start_liveness_beacon(sender: Any = None, **_: Any) -> None:
                 "started": load.started,
                 "late": load.late,
                 "peak": load.peak,
+                "version": version,
+                "clock_offset_s": None if offset is None else round(offset, 3),
+                "clock_ok": off is None,
+                "spooled": spooled,
+                "last_consumed_at": CONSUMER.last_consumed_at,
+                "consuming": idle is None,
             }
         )
 
@@ -211,6 +304,8 @@ def run_probe_batch(batch: dict[str, Any]) -> int:
     (or to the local spool while the broker cannot take them). Only a batch signed for this
     region, unexpired and not seen before, is run; its results are signed before they leave,
     so spooled results are signed too."""
+    if _clock_refuses("probe batch"):
+        return 0
     try:
         key_id, body = signing.open_dispatch(batch, signing.KIND_BATCH)
     except signing.Refused as exc:
@@ -303,6 +398,8 @@ def ensure_partitions() -> int:
 @shared_task(name=RUN_RACE, **REGION_TASK_OPTIONS)  # "monitor.tasks.run_race"
 def run_race(message: dict[str, Any]) -> str | None:
     """On a region worker: run one race, send its result to ingest over the broker."""
+    if _clock_refuses("race message"):
+        return None
     try:
         key_id, body = signing.open_dispatch(message, signing.KIND_RACE)
     except signing.Refused as exc:
@@ -333,6 +430,8 @@ def ingest_race(self: Task[Any, Any], result: dict[str, Any]) -> bool:
 def run_scenario(message: dict[str, Any]) -> str | None:
     """On a region worker: run one scenario, send its result to ingest over the broker (or to
     the local spool while the broker cannot take it)."""
+    if _clock_refuses("scenario message"):
+        return None
     try:
         key_id, body = signing.open_dispatch(message, signing.KIND_SCENARIO)
     except signing.Refused as exc:

@@ -6,6 +6,12 @@ its queue, the probes its workers carry and when one was last seen (their beacon
 monitor.pipeline.liveness). The Status page shows the table, `/metrics` exports it, and the
 overview's banner names every region that misses more than 1% of its slots or has no live
 worker, with the cause.
+
+Two verdicts keep a region's trouble off its providers: a region with no live worker is
+**down** (its slots are recorded missed, ours, never a provider's error), and a region whose
+every probe of the last minutes failed to reach any of its providers (no route answered, two
+or more providers, each failure a network one: DNS, connect, TLS, or no headers in time) has
+a **failed path**: the pages say the region's network failed, not each provider.
 """
 
 from __future__ import annotations
@@ -14,15 +20,29 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import redis
+from django.conf import settings
 from django.db.models import Count, Q
 
-from monitor.models import SLOT_DISPATCHED, Heartbeat, ProbeSlot, Region
+from monitor.models import SLOT_DISPATCHED, Heartbeat, ProbeResult, ProbeSlot, Region
 from monitor.pipeline import liveness, queues
 from monitor.pipeline.ingest import region_heartbeat
 from monitor.stats import health
 
 HOUR = timedelta(hours=1)
 DAY = timedelta(hours=24)
+# A region's path is judged on its probes of this window (several ticks of every route).
+PATH_WINDOW = timedelta(minutes=3)
+# Failures that say the path to a provider failed, before any answer came.
+PATH_KINDS = frozenset({"dns", "connect", "tls", "timeout_headers"})
+PATH_MIN_PROBES = 3
+
+
+@dataclass(frozen=True)
+class PathFailure:
+    """Every probe of a region in PATH_WINDOW failed at its network, across these providers."""
+
+    probes: int
+    providers: int
 
 
 @dataclass
@@ -35,7 +55,13 @@ class RegionHealth:
     queue_depth: int | None  # None: the broker does not answer
     workers: list[liveness.Beacon] | None  # None: the broker does not answer
     last_result_at: datetime | None  # the last results its workers delivered to ingest
+    path_failed: PathFailure | None = None
     problems: list[str] = field(default_factory=list)
+
+    @property
+    def down(self) -> bool:
+        """No live worker (the broker answering): nothing probes from this region."""
+        return self.workers == []
 
     @property
     def in_flight(self) -> int:
@@ -82,19 +108,45 @@ def _cause(h: RegionHealth) -> str:
     return "results did not arrive by their slots' deadlines (broker, ingest or network)"
 
 
+def _worker_problems(h: RegionHealth) -> list[str]:
+    out = []
+    for w in h.workers or []:
+        name = f"{h.region.slug}: worker {w['worker']}"
+        if not w.get("clock_ok", True):
+            off = float(w.get("clock_offset_s") or 0.0)
+            out.append(
+                f"{name}: its clock is {abs(off):.0f} s {'ahead of' if off < 0 else 'behind'} "
+                f"the central clock, beyond the tolerance of {settings.CLOCK_TOLERANCE_SECONDS} "
+                "s: it refuses work until its time sync (NTP) is fixed"
+            )
+        if not w.get("consuming", True):
+            out.append(f"{name}: stopped consuming (messages wait); it restarts itself")
+    return out
+
+
 def _problems(h: RegionHealth, now: datetime) -> list[str]:
     slug = h.region.slug
     out = []
+    if h.path_failed is not None:
+        out.append(
+            f"{slug}: the region's network path failed: all {h.path_failed.probes} probes of "
+            f"the last {PATH_WINDOW.seconds // 60} minutes, to {h.path_failed.providers} "
+            "providers, failed before any answer (DNS, connect, TLS or no headers in time); "
+            "the providers are not to blame"
+        )
     share = h.hour.missed_share
     if share is not None and share > health.MISSED_SHARE_MAX:
         out.append(f"{slug}: {share:.0%} of slots missed in the last hour; {_cause(h)}")
-    if h.workers == []:
+    if h.down:
         seen = h.last_result_at
         since = f"; results last arrived {_ago(now - seen)} ago" if seen else ""
-        out.append(f"{slug}: no live worker{since}")
+        out.append(
+            f"{slug}: down, no live worker{since}; its slots are recorded missed, "
+            "never counted against providers"
+        )
     elif h.saturated and not out:
         out.append(f"{slug}: its workers are saturated ({h.in_flight} probes in flight)")
-    return out
+    return out + _worker_problems(h)
 
 
 def _ago(delta: timedelta) -> str:
@@ -133,6 +185,7 @@ def regions_health(now: datetime, regions: list[Region] | None = None) -> list[R
         hb.name: hb.last_seen
         for hb in Heartbeat.objects.filter(name__in=[region_heartbeat(i) for i in ids])
     }
+    failed_paths = path_failures(now, ids)
     beacons = liveness.live_workers()
     try:
         depths: dict[str, int] | None = queues.depths(g.queue_name for g in regions)
@@ -149,10 +202,38 @@ def regions_health(now: datetime, regions: list[Region] | None = None) -> list[R
             queue_depth=None if depths is None else depths.get(g.queue_name, 0),
             workers=None if beacons is None else beacons.get(g.slug, []),
             last_result_at=seen.get(region_heartbeat(g.pk)),
+            path_failed=failed_paths.get(g.pk),
         )
         h.problems = _problems(h, now)
         out.append(h)
     return out
+
+
+def path_failures(now: datetime, region_ids: list[int]) -> dict[int, PathFailure]:
+    """Regions whose every probe of PATH_WINDOW failed at the network, to two or more
+    providers: the region's path, not each provider (monitor.models.ProbeResult, the recent
+    days' partition only)."""
+    rows = (
+        ProbeResult.objects.filter(
+            region_id__in=region_ids,
+            started_at__gte=now - PATH_WINDOW,
+            started_at__lte=now,
+            slot_at__isnull=False,
+        )
+        .exclude(outcome="missed")
+        .values("region_id")
+        .annotate(
+            n=Count("id"),
+            path=Count("id", filter=Q(outcome="error", error_kind__in=PATH_KINDS)),
+            providers=Count("route__provider_id", distinct=True),
+        )
+        .values_list("region_id", "n", "path", "providers")
+    )
+    return {
+        region_id: PathFailure(probes=n, providers=providers)
+        for region_id, n, path, providers in rows
+        if n >= PATH_MIN_PROBES and path == n and providers >= 2
+    }
 
 
 def banner(now: datetime) -> list[str]:

@@ -55,7 +55,7 @@ from django.conf import settings
 
 from monitor.crypto import ApiKeyDecryptionError, bind, decrypt_bound, origin_of, unbind
 from monitor.logfilters import register_secret
-from monitor.pipeline import replay
+from monitor.pipeline import clock, replay
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ def seal(
         "region": region,
         "kid": key.key_id,
         "nonce": secrets.token_hex(16),
-        "issued_at": time.time(),
+        "issued_at": clock.now(),  # central time (a region worker corrects its clock)
         "expires_at": expires_at,
         "body": body,
     }
@@ -170,7 +170,7 @@ def verify(
         raise Refused("not canonical JSON") from None
     if not isinstance(sig, str) or not hmac.compare_digest(sig, expected):
         raise Refused("bad signature")
-    now = time.time() if now is None else now
+    now = clock.now() if now is None else now
     issued_at, expires_at = envelope.get("issued_at"), envelope.get("expires_at")
     if not isinstance(issued_at, int | float) or not math.isfinite(issued_at):
         raise Refused("no issue time")
@@ -383,7 +383,7 @@ def _dead_here(claimer: str) -> bool:
 
 
 def _nonce_ttl_s(expires_at: float | None) -> int:
-    return max(1, int((expires_at or time.time() + 86400) - time.time() + CLOCK_SKEW_S) + 1)
+    return max(1, int((expires_at or clock.now() + 86400) - clock.now() + CLOCK_SKEW_S) + 1)
 
 
 def claim_nonce(region: str, nonce: str, expires_at: float | None) -> bool:

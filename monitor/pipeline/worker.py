@@ -32,6 +32,8 @@ import probes
 from monitor import limits
 from monitor.logfilters import register_secret
 from monitor.models import ProbeResult as ResultModel
+from monitor.models import aws_credentials
+from monitor.pipeline import clock
 from monitor.pipeline.messages import (
     ContractError,
     EvalSpec,
@@ -276,6 +278,14 @@ def spec_for(message: ProbeMessage, mapping: Mapping[str, str]) -> ProbeSpec:
         raise Unusable(f"API key refused: {exc}") from None
     headers = secret_headers(message["request"]["secret_headers_token"], provider["base_url"])
     kwargs = spec_kwargs(message, connect_to(provider["base_url"], mapping), api_key, headers)
+    # Bedrock: its stored key is SigV4 credentials (Provider.set_aws_credentials) or an API key.
+    credentials = aws_credentials(api_key) if provider["wire_format"] == "bedrock" else None
+    if credentials is not None:
+        register_secret(credentials[1])
+        kwargs["api_key"] = ""
+        kwargs["aws_access_key_id"], kwargs["aws_secret_access_key"] = credentials
+    if provider.get("aws_region"):
+        kwargs["aws_region"] = provider["aws_region"]
     unknown = sorted(set(kwargs) - _SPEC_FIELDS)
     if unknown:  # a worker older than the scheduler that sent the message
         raise Unusable(f"this worker's probe engine has no request setting {', '.join(unknown)}")
@@ -348,11 +358,16 @@ def error_payload(message: ProbeMessage, kind: str, detail: str) -> ResultPayloa
         "route_id": slot["route_id"],
         "region_id": slot["region_id"],
         "slot_at": slot["slot_at"],
-        "started_at": datetime.now(UTC).isoformat(),
+        "started_at": _central_now().isoformat(),
         "outcome": "error",
         "error_kind": kind,
         "error_detail": detail[:500],
     }
+
+
+def _central_now() -> datetime:
+    """Now by the central clock (monitor.pipeline.clock): what ingest judges a start by."""
+    return datetime.fromtimestamp(clock.now(), UTC)
 
 
 # --- running them ----------------------------------------------------------------------------
@@ -393,11 +408,11 @@ async def _probe_all(
     too_late_s = float(settings.START_LAG_MAX_SECONDS)
 
     async def one(i: int, message: ProbeMessage, spec: ProbeSpec) -> ResultPayload:
-        delay = planned[i] - time.time()
+        delay = planned[i] - clock.now()
         if delay > 0:
             await asyncio.sleep(delay)
         async with gate:
-            lag_s = max(0.0, time.time() - planned[i])
+            lag_s = max(0.0, clock.now() - planned[i])
             if lag_s > too_late_s:
                 LOAD.late += 1
                 out = late_payload(message, lag_s)
@@ -405,7 +420,7 @@ async def _probe_all(
                 async with carrying():
                     result = await probes.probe(spec)
                 ago = time.perf_counter() - result.t0_perf if result.t0_perf is not None else 0.0
-                out = payload(message, result, datetime.now(UTC) - timedelta(seconds=ago))
+                out = payload(message, result, _central_now() - timedelta(seconds=ago))
                 out["start_lag_ms"] = round(lag_s * 1000, 3)
         if done is not None:
             done(out)
@@ -473,7 +488,7 @@ def run_batch(
     missed at their deadlines. With `emit`, results are also handed to it as they end, in
     chunks every RESULT_FLUSH_SECONDS (ingest lag is then a second or so, not the batch's
     whole spread of starts: one tick)."""
-    received_at = time.time()
+    received_at = clock.now()
     try:
         batch = probe_batch_from_json(data, on_bad_probe=_reject_probe)
     except ContractError as exc:
@@ -490,7 +505,7 @@ def run_batch(
     if prepared:
         # Starts spread over the tick's window (no burst of simultaneous sends), as planned.
         planned = planned_starts(batch, len(prepared), received_at)
-        bound = _bound_s(prepared, planned[-1] - time.time())
+        bound = _bound_s(prepared, planned[-1] - clock.now())
         if emit is None or settings.RESULT_FLUSH_SECONDS <= 0:
             payloads.extend(run_on_loop(_probe_all(prepared, planned), bound))
         else:
@@ -522,7 +537,7 @@ async def _race(
     def valid(result: EngineResult) -> bool:
         return result.ok and grade(result, case) is not False
 
-    started_at = datetime.now(UTC)
+    started_at = _central_now()
     specs = {name: spec for name, (_, spec) in lanes.items()}
     return started_at, await probes.race(specs, valid=valid, reference_ms=reference_ms)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from django import template
 
 register = template.Library()
@@ -23,6 +25,15 @@ def ms(value: float | None) -> str:
         return f"{minutes} min {rest} s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes} min"
+
+
+@register.filter
+def unix_ago(value: float | None) -> str:
+    """A Unix time (a worker's beacon) as how long ago, by this server's clock."""
+    if value is None:
+        return ""
+    s = max(0, int(time.time() - float(value)))
+    return f"{s} s ago" if s < 120 else (f"{s // 60} min ago" if s < 7200 else f"{s // 3600} h ago")
 
 
 @register.filter

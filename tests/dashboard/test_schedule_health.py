@@ -113,7 +113,7 @@ def test_the_overview_names_a_region_missing_slots_and_why_until_it_keeps_its_sc
     page = client.get(reverse("rw-overview")).content.decode()
     assert "data-schedule-health" in page
     assert f"{SLUG}: 29% of slots missed in the last hour; it has no live worker" in page
-    assert f"{SLUG}: no live worker; results last arrived" in page
+    assert f"{SLUG}: down, no live worker; results last arrived" in page
 
     # A worker that is alive and full: the cause is named as saturation.
     liveness.publish(

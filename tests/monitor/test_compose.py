@@ -184,3 +184,96 @@ def test_the_web_healthcheck_passes_when_allowed_hosts_is_a_real_host_name(
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(f"http://127.0.0.1:{web_for_a_real_host}/accounts/login/", timeout=5)
     assert refused.value.code == 400
+
+
+# --- a region on a machine of its own (docker-compose.region.yml, docs/remote-regions.md) ----
+
+
+@pytest.fixture(scope="module")
+def region_rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """`docker-compose -f docker-compose.region.yml --env-file .env.example config`, parsed."""
+    binary = _binary()
+    where = tmp_path_factory.mktemp("compose-region")
+    shutil.copy(ROOT / "docker-compose.region.yml", where / "docker-compose.region.yml")
+    result = subprocess.run(
+        [binary, "-f", "docker-compose.region.yml", "--env-file", str(ROOT / ".env.example"),
+         "config"],
+        cwd=where, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    config: dict[str, Any] = yaml.safe_load(result.stdout)
+    return config
+
+
+def test_the_region_compose_file_runs_one_worker_with_the_broker_over_verified_tls(
+    region_rendered,
+) -> None:
+    services = _services(region_rendered)
+    assert set(services) == {"region-worker"}
+    worker = services["region-worker"]
+    env = worker["environment"]
+    assert "env_file" not in worker
+    assert set(env) == {
+        "RW_WORKER_ONLY", "RW_REGION", "RW_REGION_KEYS", "REDIS_URL", "REDIS_CA_FILE",
+        "RW_SPOOL_DIR",
+    }  # fmt: skip
+    assert env["REDIS_URL"].startswith("rediss://routewatch:")
+    assert env["REDIS_URL"].endswith(":6380/0")
+    assert "ports" not in worker  # it listens for nothing
+    assert worker["command"] == ["python", "-m", "monitor.region_worker", "run"]
+    assert worker["healthcheck"]["test"] == [
+        "CMD",
+        "python",
+        "-m",
+        "monitor.region_worker",
+        "health",
+    ]
+    # docker-compose renders a mount as "source:target[:mode]".
+    mounts = {target: (source, mode) for source, target, *mode in
+              (m.split(":") for m in worker["volumes"])}  # fmt: skip
+    # The spool (and the replay record beside it) on a named volume: recreating keeps them.
+    source, _ = mounts[env["RW_SPOOL_DIR"]]
+    assert source in region_rendered["volumes"]
+    source, mode = mounts[env["REDIS_CA_FILE"]]
+    assert source.startswith("/")
+    assert mode == ["ro"]
+
+
+def test_the_settings_verify_a_rediss_broker_against_its_ca(tmp_path: Path) -> None:
+    """kombu would connect to a rediss:// broker without checking its certificate; the settings
+    make every client of the broker verify it, against REDIS_CA_FILE."""
+    env = {
+        "PATH": os.environ["PATH"], "DJANGO_SETTINGS_MODULE": "monitor.settings",
+        "RW_WORKER_ONLY": "true", "RW_REGION": "eu-west", "RW_REGION_KEYS": "k1:" + "s" * 43,
+        "REDIS_URL": "rediss://routewatch:pw@broker.example.com:6380/0",
+        "REDIS_CA_FILE": "/run/routewatch/broker-ca.pem",
+    }  # fmt: skip
+    code = (
+        "import django; django.setup(); from monitor.celery import app; "
+        "c = app.connection_for_read(); print(c.ssl)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert "'ssl_cert_reqs': <VerifyMode.CERT_REQUIRED: 2>" in result.stdout, result.stdout
+    assert "'ssl_ca_certs': '/run/routewatch/broker-ca.pem'" in result.stdout, result.stdout
+
+
+def test_the_image_runs_a_region_worker_by_default_and_systemd_restarts_one() -> None:
+    lines = [ln for ln in (ROOT / "Dockerfile").read_text().splitlines() if ln.startswith("CMD")]
+    assert lines[-1] == 'CMD ["python", "-m", "monitor.region_worker", "run"]'
+    unit = (ROOT / "deploy/systemd/routewatch-region-worker.service").read_text()
+    assert "ExecStart=/opt/routewatch/.venv/bin/python -m monitor.region_worker run" in unit
+    assert "Restart=always" in unit
+    assert "RW_SPOOL_DIR=/var/lib/routewatch/spool" in unit
+
+
+def test_the_health_command_fails_without_a_live_worker(tmp_path: Path) -> None:
+    env = {"PATH": os.environ["PATH"], "RW_SPOOL_DIR": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-m", "monitor.region_worker", "health"],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "UNHEALTHY: no health file" in result.stdout
