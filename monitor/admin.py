@@ -30,6 +30,7 @@ from monitor.models import (
     GRADERS,
     HTTP_VERSIONS,
     PREFIX_MODES,
+    WIRE_BEDROCK,
     ApiToken,
     EvalCase,
     Heartbeat,
@@ -134,6 +135,22 @@ class ProviderForm(forms.ModelForm[Provider]):
         help_text="Write-only: stored encrypted, never shown again. Leave blank to keep the current key.",
     )
     clear_api_key = forms.BooleanField(label="Remove the stored API key", required=False)
+    # Amazon Bedrock's SigV4 credentials: write-only too, stored encrypted in the key's place.
+    aws_access_key_id = forms.CharField(
+        label="AWS access key id",
+        required=False,
+        strip=True,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "off"}),
+        help_text="Amazon Bedrock, instead of an API key: with the secret below, requests are "
+        "signed with SigV4. Write-only.",
+    )
+    aws_secret_access_key = forms.CharField(
+        label="AWS secret access key",
+        required=False,
+        strip=True,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        help_text="Write-only: stored encrypted like API keys, never shown again.",
+    )
     preset = forms.ChoiceField(
         choices=presets.provider_choices,
         required=False,
@@ -151,6 +168,9 @@ class ProviderForm(forms.ModelForm[Provider]):
             "wire_format",
             "api_key",
             "clear_api_key",
+            "aws_region",
+            "aws_access_key_id",
+            "aws_secret_access_key",
             "extra_headers",
             "http2",
             "accepts_msgpack",
@@ -180,14 +200,29 @@ class ProviderForm(forms.ModelForm[Provider]):
                 setattr(self.instance, name, data[name])
         if not data.get("base_url"):
             self.add_error("base_url", "Give the provider's base URL, or pick a preset.")
+        self._check_aws(data)
         return data
+
+    def _check_aws(self, data: dict[str, Any]) -> None:
+        key_id, secret = data.get("aws_access_key_id"), data.get("aws_secret_access_key")
+        if not (key_id or secret):
+            return
+        if data.get("wire_format") != WIRE_BEDROCK:
+            self.add_error("aws_access_key_id", "Only Amazon Bedrock providers sign with SigV4.")
+        elif not (key_id and secret):
+            self.add_error("aws_secret_access_key", "Give both the access key id and the secret.")
+        elif data.get("api_key"):
+            self.add_error("api_key", "Give an API key or AWS credentials, not both.")
 
     def save(self, commit: bool = True) -> Provider:
         provider: Provider = super().save(commit=False)
-        if self.cleaned_data.get("clear_api_key"):
+        data = self.cleaned_data
+        if data.get("clear_api_key"):
             provider.set_api_key("")
-        elif self.cleaned_data.get("api_key"):
-            provider.set_api_key(self.cleaned_data["api_key"])
+        elif data.get("api_key"):
+            provider.set_api_key(data["api_key"])
+        elif data.get("aws_access_key_id") and data.get("aws_secret_access_key"):
+            provider.set_aws_credentials(data["aws_access_key_id"], data["aws_secret_access_key"])
         if commit:
             provider.save()
         return provider
@@ -216,7 +251,9 @@ class ProviderAdmin(admin.ModelAdmin[Provider]):
             )
 
     # Keep the typed key out of Django's error reports.
-    @method_decorator(sensitive_post_parameters("api_key"))
+    @method_decorator(
+        sensitive_post_parameters("api_key", "aws_access_key_id", "aws_secret_access_key")
+    )
     def changeform_view(
         self,
         request: HttpRequest,

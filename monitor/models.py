@@ -35,13 +35,27 @@ from probes.transport import address_allowed
 WIRE_OPENAI = "openai"
 WIRE_ANTHROPIC = "anthropic"
 WIRE_AZURE = "azure"
+WIRE_RESPONSES = "responses"
+WIRE_GEMINI = "gemini"
+WIRE_BEDROCK = "bedrock"
+# The keys are probes.formats.WIRE_FORMATS' (tests/monitor/test_route_settings.py holds them
+# equal); the labels are the admin's.
 WIRE_FORMATS = [
     (WIRE_OPENAI, "OpenAI Chat Completions"),
     (WIRE_ANTHROPIC, "Anthropic Messages"),
     (WIRE_AZURE, "Azure OpenAI (deployment URL, api-key header)"),
+    (WIRE_RESPONSES, "OpenAI Responses"),
+    (WIRE_GEMINI, "Gemini native (streamGenerateContent, x-goog-api-key)"),
+    (WIRE_BEDROCK, "Amazon Bedrock ConverseStream (SigV4 or a Bedrock API key)"),
 ]
 # Formats that speak OpenAI's Chat Completions body (reasoning_effort, max_completion_tokens).
 OPENAI_BODIES = (WIRE_OPENAI, WIRE_AZURE)
+# Formats that take reasoning_effort (Gemini as its thinking level) and a thinking budget.
+TAKES_REASONING_EFFORT = (WIRE_OPENAI, WIRE_AZURE, WIRE_RESPONSES, WIRE_GEMINI)
+TAKES_THINKING_BUDGET = (WIRE_ANTHROPIC, WIRE_GEMINI, WIRE_BEDROCK)
+# Formats whose output cap bounds reasoning and answer together when reasoning_effort is set.
+EFFORT_WITHIN_CAP = (WIRE_RESPONSES, WIRE_GEMINI)
+BEDROCK_SERVICE_TIERS = ("priority", "default", "flex")
 
 # Route request settings, as the real APIs name them.
 # Parameter names, not secrets (S105 reads "token" as a password).
@@ -77,6 +91,14 @@ RESERVED_BODY_KEYS = PROTECTED_BODY_KEYS | {
     "reasoning_effort",
     "service_tier",
     "thinking",
+    # the newer formats' prompt, output cap and storage, which the probe sets
+    "input",
+    "instructions",
+    "store",
+    "max_output_tokens",
+    "contents",
+    "systemInstruction",
+    "inferenceConfig",
 }
 # Anthropic's smallest extended-thinking budget.
 MIN_THINKING_BUDGET = 1024
@@ -268,6 +290,13 @@ class Provider(models.Model):
         help_text="For OpenAI format, the URL ending in /v1; for Anthropic, the URL before /v1.",
     )
     wire_format = models.CharField(max_length=20, choices=WIRE_FORMATS, default=WIRE_OPENAI)
+    aws_region = models.CharField(
+        "AWS region",
+        max_length=30,
+        blank=True,
+        help_text="Amazon Bedrock: the region requests are signed for. Empty: from the base "
+        "URL's host (bedrock-runtime.REGION.amazonaws.com).",
+    )
     # The admin preset it was made from (monitor.presets): its routes' default request settings
     # and its name in LiteLLM's price file (manage.py import_prices). Blank: set up by hand.
     preset = models.CharField(max_length=30, blank=True, default="")
@@ -345,6 +374,15 @@ class Provider(models.Model):
         self.api_key_encrypted = encrypt_bound(self.origin, plaintext) if plaintext else ""
         self._key_origin = self.origin
 
+    def set_aws_credentials(self, access_key_id: str, secret_access_key: str) -> None:
+        """Bedrock SigV4 credentials, stored as the API key is (encrypted, bound to the
+        origin), in the one form the worker reads them back from (aws_credentials)."""
+        self.set_api_key(
+            json.dumps(
+                {"aws_access_key_id": access_key_id, "aws_secret_access_key": secret_access_key}
+            )
+        )
+
     def get_api_key(self) -> str:
         """The decrypted key; raises ApiKeyDecryptionError rather than return ciphertext, and
         KeyOriginMismatch for a key entered for another origin."""
@@ -355,6 +393,23 @@ class Provider(models.Model):
     @property
     def origin(self) -> str:
         return origin_of(self.base_url)
+
+
+def aws_credentials(stored_key: str) -> tuple[str, str] | None:
+    """(access key id, secret access key) when a Bedrock provider's stored key is SigV4
+    credentials (Provider.set_aws_credentials), None when it is an API key."""
+    if not stored_key.startswith("{"):
+        return None
+    try:
+        value = json.loads(stored_key)
+    except ValueError:
+        return None
+    if not isinstance(value, dict):
+        return None
+    key_id, secret = value.get("aws_access_key_id"), value.get("aws_secret_access_key")
+    if isinstance(key_id, str) and isinstance(secret, str) and key_id and secret:
+        return key_id, secret
+    return None
 
 
 class Route(models.Model):
@@ -449,19 +504,38 @@ class Route(models.Model):
                 f"{', '.join(reserved)}: set by the probe or by the fields above, not here."
             )
         wire = self.provider.wire_format if self.provider_id else None
-        if wire is not None and wire not in OPENAI_BODIES:
-            if self.token_limit_param != TOKEN_LIMIT_MAX_TOKENS:
-                errors["token_limit_param"] = "Only OpenAI-format providers take this parameter."  # noqa: S105
-            if self.reasoning_effort:
-                errors["reasoning_effort"] = (
-                    "Only OpenAI-format providers take reasoning_effort; use a thinking budget."
-                )
-        if wire is not None and wire != WIRE_ANTHROPIC and self.thinking_budget_tokens:
-            errors["thinking_budget_tokens"] = "Only Anthropic-format providers take a budget."
-        if wire == WIRE_AZURE and not self.api_version:
-            errors["api_version"] = "Azure OpenAI needs an api-version."
+        if wire is not None:
+            errors.update(self._format_errors(wire))
         if errors:
             raise ValidationError(errors)
+
+    def _format_errors(self, wire: str) -> dict[str, str]:
+        """The request settings this route's wire format cannot send, by field."""
+        errors: dict[str, str] = {}
+        if wire not in OPENAI_BODIES and self.token_limit_param != TOKEN_LIMIT_MAX_TOKENS:
+            errors["token_limit_param"] = (
+                "Only OpenAI Chat Completions providers take this parameter "  # noqa: S105
+                "(Responses, Gemini and Bedrock have their own output cap, sent for max_tokens)."
+            )
+        if self.reasoning_effort and wire not in TAKES_REASONING_EFFORT:
+            errors["reasoning_effort"] = (
+                "This format takes no reasoning_effort; use a thinking budget."
+            )
+        if self.thinking_budget_tokens and wire not in TAKES_THINKING_BUDGET:
+            errors["thinking_budget_tokens"] = (
+                "Only Anthropic, Gemini and Bedrock providers take a thinking budget."
+            )
+        if wire == WIRE_GEMINI and self.reasoning_effort and self.thinking_budget_tokens:
+            errors["thinking_budget_tokens"] = (
+                "Gemini takes a thinking budget or a thinking level (reasoning_effort), never both."
+            )
+        if wire == WIRE_GEMINI and self.service_tier:
+            errors["service_tier"] = "Gemini's API takes no service tier."
+        if wire == WIRE_BEDROCK and self.service_tier not in ("", *BEDROCK_SERVICE_TIERS):
+            errors["service_tier"] = "Bedrock's tiers are priority, default and flex."
+        if wire == WIRE_AZURE and not self.api_version:
+            errors["api_version"] = "Azure OpenAI needs an api-version."
+        return errors
 
     def token_limit(self, answer_tokens: int) -> int:
         """The token limit to send for an answer of up to `answer_tokens` (the task's bound).
@@ -473,6 +547,8 @@ class Route(models.Model):
             return answer_tokens + self.thinking_budget_tokens
         if self.token_limit_param == TOKEN_LIMIT_MAX_COMPLETION_TOKENS:
             return answer_tokens + REASONING_ALLOWANCE_TOKENS
+        if self.reasoning_effort and self.provider.wire_format in EFFORT_WITHIN_CAP:
+            return answer_tokens + REASONING_ALLOWANCE_TOKENS  # max_output_tokens, Gemini's
         return answer_tokens
 
     @property
@@ -1000,6 +1076,9 @@ class ProbeResult(models.Model):
     ttft_ms = models.FloatField(null=True, blank=True)
     ttfat_ms = models.FloatField(null=True, blank=True)
     e2e_ms = models.FloatField(null=True, blank=True)
+    # The provider's own time as it reports it (Bedrock's metrics.latencyMs, else
+    # openai-processing-ms): the rest of e2e was the path's. Null: not reported.
+    server_ms = models.FloatField(null=True, blank=True)
     http_version = models.CharField(max_length=10, blank=True)
 
     # tokens and speed

@@ -21,7 +21,9 @@ CACHE_SERVER = "the server's prefix cache (launch option)"
 # How a reasoning model is told how hard to think (the route fields that carry it).
 REASONING_EFFORT = "reasoning_effort"
 REASONING_THINKING = "thinking budget"
+REASONING_BUDGET_OR_LEVEL = "thinking budget, or a thinking level (reasoning_effort)"
 REASONING_NONE = "none"
+CACHE_POINTS = "explicit cachePoint blocks"
 
 
 class ProviderPreset(TypedDict):
@@ -99,6 +101,13 @@ PROVIDER_PRESETS: dict[str, ProviderPreset] = {
         litellm_provider="azure",
         docs="https://learn.microsoft.com/azure/ai-foundry/openai/reference",
     ),
+    "openai-responses": _preset(
+        "OpenAI (Responses API)",
+        "https://api.openai.com/v1",
+        wire_format="responses",
+        litellm_provider="openai",
+        docs="https://platform.openai.com/docs/api-reference/responses",
+    ),
     "anthropic": _preset(
         "Anthropic",
         "https://api.anthropic.com",
@@ -114,6 +123,27 @@ PROVIDER_PRESETS: dict[str, ProviderPreset] = {
         "https://generativelanguage.googleapis.com/v1beta/openai",
         litellm_provider="gemini",
         docs="https://ai.google.dev/gemini-api/docs/openai",
+    ),
+    "gemini-native": _preset(
+        "Google AI Studio (Gemini native API)",
+        "https://generativelanguage.googleapis.com/v1beta",
+        wire_format="gemini",
+        auth="x-goog-api-key: <key>",
+        reasoning_style=REASONING_BUDGET_OR_LEVEL,
+        litellm_provider="gemini",
+        docs="https://ai.google.dev/api/generate-content",
+    ),
+    "bedrock": _preset(
+        "Amazon Bedrock (replace us-east-1 with your region)",
+        "https://bedrock-runtime.us-east-1.amazonaws.com",
+        wire_format="bedrock",
+        auth="SigV4 (AWS access key id + secret) or a Bedrock API key as a bearer token",
+        # The SDKs speak HTTP/1.1 to bedrock-runtime for ConverseStream.
+        http2=False,
+        cache_style=CACHE_POINTS,
+        reasoning_style=REASONING_THINKING,
+        litellm_provider="bedrock",
+        docs="https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_ConverseStream.html",
     ),
     "groq": _preset(
         "Groq",
@@ -240,6 +270,19 @@ ROUTE_PRESETS: dict[str, RoutePreset] = {
     "anthropic-thinking": {
         "label": "Anthropic with extended thinking (1024-token budget)",
         "settings": {**_CHAT, "thinking_budget_tokens": 1024},
+    },
+    "responses-reasoning": {
+        "label": "OpenAI Responses, reasoning model (low effort; max_output_tokens with room "
+        "for the reasoning)",
+        "settings": {**_CHAT, "reasoning_effort": "low"},
+    },
+    "gemini-thinking": {
+        "label": "Gemini native, thinking with a 1024-token budget (thought summaries shown)",
+        "settings": {**_CHAT, "thinking_budget_tokens": 1024},
+    },
+    "bedrock-latency-optimized": {
+        "label": "Bedrock, latency-optimized inference (where the model offers it)",
+        "settings": {**_CHAT, "extra_body": {"performanceConfig": {"latency": "optimized"}}},
     },
 }
 

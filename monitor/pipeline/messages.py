@@ -64,6 +64,9 @@ class ProviderSettings(TypedDict):
     wire_format: str
     api_key_token: str  # Fernet token (monitor.crypto); "" = no key
     extra_headers: dict[str, str]
+    # Amazon Bedrock: the region to sign for ("" = from the base URL's host). Absent from an
+    # older scheduler's messages.
+    aws_region: NotRequired[str]
 
 
 class RequestSettings(TypedDict):
@@ -186,6 +189,7 @@ class ResultPayload(_ResultKeys, total=False):
     ttft_ms: float | None
     ttfat_ms: float | None
     e2e_ms: float | None
+    server_ms: float | None
     output_tokens: int | None
     token_source: str
     tps: float | None

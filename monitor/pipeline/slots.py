@@ -200,6 +200,7 @@ def probe_message(slot: Slot, eval_cases: list[EvalCase], n: int | None = None) 
             "wire_format": provider.wire_format,
             "api_key_token": provider.api_key_encrypted,
             "extra_headers": provider.extra_headers,
+            "aws_region": provider.aws_region,
         },
         "model": route.model_id,
         "system_prompt": task.system_prompt,

@@ -75,7 +75,7 @@ def test_the_reasoning_preset_sets_what_openai_reasoning_models_need(
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("thinking_budget_tokens", "2048", "Only Anthropic-format providers take a budget"),
+        ("thinking_budget_tokens", "2048", "Only Anthropic, Gemini and Bedrock providers take"),
         ("extra_body", '{"model": "other"}', "model: set by the probe"),
         ("extra_body", "[1, 2]", "Use a JSON object"),
         ("temperature", "3", "less than or equal to 2"),
@@ -99,7 +99,7 @@ def test_anthropic_routes_take_a_thinking_budget_but_not_openai_parameters(
     refused = admin_client.post(
         url, _route_form(anthropic_provider, token_limit_param="max_completion_tokens")
     )
-    assert "Only OpenAI-format providers take this parameter" in refused.content.decode()
+    assert "Only OpenAI Chat Completions providers take this parameter" in refused.content.decode()
     too_small = admin_client.post(
         url, _route_form(anthropic_provider, thinking_budget_tokens="512")
     )
