@@ -103,7 +103,8 @@ class Consumer:
 
 
 def health_path(spool_dir: Path) -> Path:
-    return spool_dir / f"health-{socket.gethostname()}.json"
+    # Not *.json: the spool's own entries are (monitor.pipeline.spool).
+    return spool_dir / f"health-{socket.gethostname()}.state"
 
 
 def write_health(spool_dir: Path, health: Health) -> None:
