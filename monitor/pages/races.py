@@ -28,8 +28,11 @@ SELECT lane.key,
          FILTER (WHERE r.winner_id::text = lane.key) AS win_ms,
        coalesce(sum((lane.value->>'tokens_paid')::bigint)
          FILTER (WHERE r.winner_id IS NULL OR r.winner_id::text <> lane.key), 0) AS extra_tokens,
-       count(*) FILTER (WHERE lane.value->>'outcome' IS NOT NULL
-                          AND lane.value->>'outcome' NOT IN ('ok', '')) AS failed
+       count(*) FILTER (WHERE coalesce((lane.value->>'cancelled')::boolean, false)
+                          OR lane.value->>'outcome' = 'cancelled') AS cancelled,
+       count(*) FILTER (WHERE NOT coalesce((lane.value->>'cancelled')::boolean, false)
+                          AND lane.value->>'outcome' IS NOT NULL
+                          AND lane.value->>'outcome' NOT IN ('ok', '', 'cancelled')) AS failed
 FROM monitor_racerun AS r CROSS JOIN LATERAL jsonb_each(r.lanes) AS lane
 WHERE r.task_id = %s AND r.started_at >= %s AND r.started_at < %s AND r.status = 'done' {region}
 GROUP BY lane.key
@@ -53,7 +56,9 @@ class Lane:
     mean_saved_ms: float | None  # in races this route lost: time saved vs calling it alone
     mean_win_ms: float | None
     extra_tokens: int  # tokens paid for this route while it lost
-    failed: int
+    # A loser cancelled once another route won: it lost, it did not fail.
+    cancelled: int
+    failed: int  # its answer came back as a failure (probes.errors)
 
     @property
     def win_rate(self) -> float | None:
@@ -116,9 +121,10 @@ def build(task: Task, region: Region | None, window: Range, now: datetime) -> Ra
             mean_saved_ms=saved,
             mean_win_ms=win_ms,
             extra_tokens=int(extra),
+            cancelled=cancelled,
             failed=failed,
         )
-        for key, raced, won, saved, win_ms, extra, failed in lane_rows
+        for key, raced, won, saved, win_ms, extra, cancelled, failed in lane_rows
     ]
     lanes.sort(key=lambda lane: (-(lane.win_rate or 0), lane.route_label))
     recent_qs = RaceRun.objects.filter(

@@ -37,9 +37,9 @@ from monitor.models import (
 )
 from monitor.pages.common import Range
 from monitor.stats import hist, rollups
-from monitor.stats.confidence import Estimate, percentile
+from monitor.stats.confidence import Estimate, Rate, percentile
 from monitor.stats.rollups import Stats
-from probes.errors import Kind
+from probes.errors import Kind, counts_against_provider
 
 QUANTILES = ROW_QUANTILES
 RAW_WINDOW = timedelta(hours=24)
@@ -74,6 +74,17 @@ class RegionSummary:
         if metric == "ttft_ms":
             return [self.stats.ttft_ms(q) for q in QUANTILES]
         return [self.stats.e2e_ms(q) for q in QUANTILES]
+
+    @property
+    def errors(self) -> Rate:
+        """The provider's failures out of its attempts, with its interval: what the availability
+        bar judges, as the overview shows it. Slots our workers missed and failures that are ours
+        (configuration, engine) are not the route's: `missed` is shown apart."""
+        return Rate(self.stats.provider_errors, self.stats.attempts)
+
+    @property
+    def missed(self) -> int:
+        return self.stats.count_missed
 
     @property
     def ttft(self) -> list[float | None]:
@@ -137,12 +148,13 @@ class RoutePage:
     series: SafeString  # chart data as JSON text (series)
     summaries: list[RegionSummary]
     selected: Stats | None
-    error_kinds: list[tuple[str, int]]
+    error_kinds: list[tuple[str, int]]  # the route's failures (its availability)
     median_probe: dict[str, Any] | None
     waterfall: list[Segment]
     headroom: list[Headroom]
     comparisons: list[Comparison] = field(default_factory=list)
     reasoning: Reasoning | None = None
+    our_kinds: list[tuple[str, int]] = field(default_factory=list)  # ours, never the route's
     not_sent: list[str] = field(default_factory=list)
     now: datetime | None = None
 
@@ -633,6 +645,9 @@ def build(
         summaries.append(RegionSummary(None, merged, not task.is_fresh(merged.last_probe_at, now)))
     selected = by_region.get(region.pk) if region is not None else merged
     kinds = sorted((selected.error_kinds if selected else {}).items(), key=lambda kv: -kv[1])
+    # The route's failures by kind; ours (missed slots, configuration, engine) apart.
+    ours = [(k, n) for k, n in kinds if not counts_against_provider(k)]
+    kinds = [(k, n) for k, n in kinds if counts_against_provider(k)]
     since = window.since(now)
     rows = comparison_rows(route, task, region, since, now, selected.count if selected else 0)
     # The median probe is chosen against the last 24 h: the selected figures, when that is
@@ -650,6 +665,7 @@ def build(
         summaries=summaries,
         selected=selected,
         error_kinds=kinds,
+        our_kinds=ours,
         median_probe=probe,
         waterfall=waterfall(probe),
         headroom=headroom(route, regions if region is None else [region], by_region, now),

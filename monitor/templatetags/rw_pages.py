@@ -187,7 +187,21 @@ def ranked_row(row: RouteRow, task: Task, region: Region | None) -> SafeString:
     out.append(f'<td class="num">{shown}</td>')
     index = row.route.quality_index
     out.append(f'<td class="num">{DASH if index is None else escape(localize(index))}</td>')
-    out.append(f'<td class="num">{escape(errors(c.errors.k, c.errors.n))}</td>')
+    # Availability with its interval, as the overview shows it; our missed slots apart.
+    shown = escape(errors(c.errors.k, c.errors.n))
+    if c.errors.n:
+        shown += (
+            f' <small class="ci" data-errors-interval title="Out only when the whole 95% interval'
+            f' is above the {escape(pct(task.error_ceiling()))} ceiling">'
+            f"{escape(interval(c.errors.low, c.errors.high, 'pct'))}</small>"
+        )
+    missed = row.stats.count_missed if row.stats is not None else 0
+    if missed:
+        shown += (
+            '<br><small class="muted" data-missed title="Slots our workers missed: ours, never'
+            f" the route's errors\">{escape(intcomma(missed))} missed by us</small>"
+        )
+    out.append(f'<td class="num" data-metric="errors">{shown}</td>')
     out.append(f'<td class="num">{escape(intcomma(row.probes))}</td>')
     status = '<span class="badge stale">stale</span> ' if row.stale else ""
     if c.qualifies:

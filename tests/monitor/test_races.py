@@ -7,6 +7,9 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+from django.urls import reverse
 from django.utils import timezone
 
 from monitor.models import EvalCase, RaceRun
@@ -105,6 +108,8 @@ def test_a_spend_cap_stops_races_that_would_pass_it(world) -> None:
 @pytest.mark.django_db(transaction=True)
 def test_a_race_against_real_routes_is_won_by_the_fastest_valid_answer_and_stored_once(
     sim: SimulatorProcess,  # noqa: F811
+    client: Client,
+    teammate: User,
 ) -> None:
     p = f.provider("fastchip", base_url=f"{sim.base_url}/fastchip/v1")
     p.set_api_key(OPENAI_KEY)
@@ -143,3 +148,9 @@ def test_a_race_against_real_routes_is_won_by_the_fastest_valid_answer_and_store
     assert run.lanes[str(slow.pk)]["tokens_paid"] == run.loser_tokens
     # Races count toward the month's probe spend.
     assert scheduling.month_spend_by_task(now)[t.pk] == run.cost_usd
+    # The races page calls the cancelled loser cancelled, never failed.
+    client.force_login(teammate)
+    body = client.get(reverse("rw-races"), {"task": "race"}).content.decode()
+    slow_row = body[body.index(f'<tr data-route="{slow.pk}">') :].split("</tr>")[0]
+    assert '<td class="num" data-cancelled>1</td>' in slow_row
+    assert '<td class="num" data-failed>0</td>' in slow_row
