@@ -707,7 +707,7 @@ def run(ns: argparse.Namespace) -> int:
     shown = ", ".join(f"{o}/{k or '-'} {n}" for o, k, n in outcomes)
     print(f"  outcomes of the window's rows: {shown}")
     mean_flight = probe_stats.mean(flight)
-    per_k = mean_flight / 1000
+    per_k = mean_flight / 1000 or float("nan")  # none in flight: no per-1,000 figure
     print(
         f"  probes in flight (every 5 s): mean {mean_flight:,.0f}, max {max(flight, default=0):,}; "
         f"region workers per 1,000 in flight: {cpu['region workers'] / per_k:.2f} cores, "
