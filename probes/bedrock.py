@@ -38,7 +38,10 @@ from botocore.credentials import Credentials
 from botocore.eventstream import EventStreamBuffer, ParserError
 
 from probes.errors import InvalidSpec, Kind, MalformedStream
-from probes.formats import (
+from probes.model import BODY_JSON, MAX_TOKENS, ProbeSpec
+from probes.prompts import Prompt
+from probes.sse import Event
+from probes.wire import (
     ANSWER,
     DONE,
     ERROR,
@@ -55,9 +58,6 @@ from probes.formats import (
     count,
     merge_extra,
 )
-from probes.model import BODY_JSON, MAX_TOKENS, ProbeSpec
-from probes.prompts import Prompt
-from probes.sse import Event
 
 CONTENT_TYPE = "application/vnd.amazon.eventstream"
 SIGNING_NAME = "bedrock"

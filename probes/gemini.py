@@ -31,7 +31,10 @@ from typing import Any
 from urllib.parse import quote
 
 from probes.errors import InvalidSpec, Kind, MalformedStream
-from probes.formats import (
+from probes.model import MAX_TOKENS, ProbeSpec
+from probes.prompts import Prompt
+from probes.sse import Event
+from probes.wire import (
     ANSWER,
     ERROR,
     FINISH,
@@ -45,9 +48,6 @@ from probes.formats import (
     _label,
     count,
 )
-from probes.model import MAX_TOKENS, ProbeSpec
-from probes.prompts import Prompt
-from probes.sse import Event
 
 PROTECTED = frozenset({"contents", "systemInstruction"})
 BLOCKED_FINISH = frozenset({"SAFETY", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII", "IMAGE_SAFETY"})

@@ -30,7 +30,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from probes.errors import InvalidSpec, Kind, MalformedStream
-from probes.formats import (
+from probes.model import MAX_TOKENS, ProbeSpec
+from probes.prompts import Prompt
+from probes.sse import Event
+from probes.wire import (
     ANSWER,
     DONE,
     ERROR,
@@ -46,9 +49,6 @@ from probes.formats import (
     count,
     merge_extra,
 )
-from probes.model import MAX_TOKENS, ProbeSpec
-from probes.prompts import Prompt
-from probes.sse import Event
 
 # Deltas that carry generated output, and which kind each is.
 _DELTAS = {

@@ -36,6 +36,7 @@ from monitor.models import (
     Task,
 )
 from monitor.pages.common import Range
+from monitor.pages.server_time import ServerShare, server_time
 from monitor.stats import hist, rollups
 from monitor.stats.confidence import Estimate, Rate, percentile
 from monitor.stats.rollups import Stats
@@ -63,12 +64,34 @@ class Segment(TypedDict):
 
 
 @dataclass
+class CallFigures:
+    """A scenario task's calls (ProbeResult rows with a scenario), as histograms: its rollups
+    hold one app e2e sample per scenario, not the calls' own TTFT, e2e and speed."""
+
+    calls: int  # successful calls
+    ttft: hist.Pairs
+    e2e: hist.Pairs
+    tps: hist.Pairs
+
+    def figures(self, metric: str) -> list[float | None]:
+        pairs, scale = {
+            "ttft_ms": (self.ttft, hist.MS),
+            "e2e_ms": (self.e2e, hist.MS),
+            "tps": (self.tps, hist.TPS),
+        }[metric]
+        return hist.percentiles(pairs, QUANTILES, scale)
+
+
+@dataclass
 class RegionSummary:
     region: Region | None  # None: all regions merged
     stats: Stats
     stale: bool
+    calls: CallFigures | None = None  # a scenario task's calls: what TTFT, e2e, speed read
 
     def figures(self, metric: str) -> list[float | None]:
+        if self.calls is not None:
+            return self.calls.figures(metric)
         if metric == "tps":
             return [self.stats.tps(q) for q in QUANTILES]
         if metric == "ttft_ms":
@@ -155,6 +178,7 @@ class RoutePage:
     comparisons: list[Comparison] = field(default_factory=list)
     reasoning: Reasoning | None = None
     our_kinds: list[tuple[str, int]] = field(default_factory=list)  # ours, never the route's
+    server_time: list[ServerShare] = field(default_factory=list)  # per region, where reported
     not_sent: list[str] = field(default_factory=list)
     now: datetime | None = None
 
@@ -274,6 +298,49 @@ def stats_24h(route: Route, task: Task, region: Region | None, now: datetime) ->
         where=where,
         keep_settled=True,
     ).get((route.pk,))
+
+
+# A scenario task's call figures read at most this many successful calls per region (the
+# newest): 10 calls a scenario, one scenario an interval.
+CALL_ROWS = 5000
+
+
+def call_figures(
+    route: Route, task: Task, regions: list[Region], since: datetime
+) -> dict[int | None, CallFigures]:
+    """Per region and all regions merged (under None), the TTFT, e2e and speed of a scenario
+    task's successful calls on the route over the window (the newest CALL_ROWS of each
+    region), through the (route, started_at) index."""
+    per_region: dict[int | None, CallFigures] = {}
+    merged: list[tuple[float | None, float | None, float | None]] = []
+    for region in regions:
+        rows = list(
+            ProbeResult.objects.filter(
+                route=route,
+                task=task,
+                region=region,
+                scenario__isnull=False,
+                outcome=OUTCOME_OK,
+                started_at__gte=since,
+            )
+            .order_by("-started_at")
+            .values_list("ttft_ms", "e2e_ms", "tps")[:CALL_ROWS]
+        )
+        if rows:
+            per_region[region.pk] = _call_figures(rows)
+            merged.extend(rows)
+    if merged:
+        per_region[None] = _call_figures(merged)
+    return per_region
+
+
+def _call_figures(rows: list[tuple[float | None, float | None, float | None]]) -> CallFigures:
+    return CallFigures(
+        calls=len(rows),
+        ttft=hist.build((r[0] for r in rows), hist.MS),
+        e2e=hist.build((r[1] for r in rows), hist.MS),
+        tps=hist.build((r[2] for r in rows), hist.TPS),
+    )
 
 
 def waterfall(probe: dict[str, Any] | None) -> list[Segment]:
@@ -460,6 +527,7 @@ _COMPARISON_FIELDS = (
     "reasoning_tokens",
     "hidden_reasoning_tokens",
     "tps_token_source",
+    "server_ms",
 )
 
 
@@ -636,13 +704,23 @@ def build(
         ).items()
     }
     merged = by_region.pop(None, None)
+    # A scenario's rollups hold app e2e; its calls' own figures come from the calls.
+    calls = call_figures(route, task, regions, window.since(now)) if task.is_scenario else {}
     summaries = []
     for g in regions:
         if g.pk in by_region:
             stats = by_region[g.pk]
-            summaries.append(RegionSummary(g, stats, not task.is_fresh(stats.last_probe_at, now)))
+            summaries.append(
+                RegionSummary(
+                    g, stats, not task.is_fresh(stats.last_probe_at, now), calls.get(g.pk)
+                )
+            )
     if merged is not None:
-        summaries.append(RegionSummary(None, merged, not task.is_fresh(merged.last_probe_at, now)))
+        summaries.append(
+            RegionSummary(
+                None, merged, not task.is_fresh(merged.last_probe_at, now), calls.get(None)
+            )
+        )
     selected = by_region.get(region.pk) if region is not None else merged
     kinds = sorted((selected.error_kinds if selected else {}).items(), key=lambda kv: -kv[1])
     # The route's failures by kind; ours (missed slots, configuration, engine) apart.
@@ -671,6 +749,7 @@ def build(
         headroom=headroom(route, regions if region is None else [region], by_region, now),
         comparisons=comparisons(rows),
         reasoning=reasoning(rows),
+        server_time=server_time(rows, regions),
         not_sent=not_sent(route, task),
         now=now,
     )
