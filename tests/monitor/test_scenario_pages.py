@@ -164,6 +164,29 @@ def test_the_route_page_shows_app_e2e_beside_the_calculator_and_the_median_water
     assert decode[1][0] > decode[0][1]  # the second call starts after the first ends
 
 
+def test_the_route_page_shows_a_scenarios_calls_own_ttft_e2e_and_speed(
+    world, teammate: User
+) -> None:
+    t, (fast, _), region = world
+    client = Client()
+    client.force_login(teammate)
+    response = client.get(f"/routes/{fast.pk}/?task={t.slug}")
+    by_region = {s.region: s for s in response.context["page"].summaries}
+    # 8 scenarios of 10 calls: the figures are the 80 calls' own, not "too few" from the
+    # rollups' one app e2e sample per scenario.
+    for summary in (by_region[region], by_region[None]):
+        assert summary.calls is not None
+        assert summary.calls.calls == 80
+        assert summary.ttft[0] == pytest.approx(100, rel=0.05)
+        assert summary.speed[0] == pytest.approx(100, rel=0.05)
+        assert summary.e2e[0] == pytest.approx(2000 / 10 - 10, rel=0.05)
+        assert summary.ttft[1] is not None  # p95: 80 calls are enough
+    row = response.content.decode().split('<tr data-region="eu"')[1].split("</tr>")[0]
+    # Only p99 (100 samples) is short of 80 calls: once each for TTFT, e2e and speed.
+    assert row.split('data-metric="errors"')[0].count("too few") == 3
+    assert "80 calls" in row
+
+
 def test_the_task_page_shows_each_routes_app_e2e_beside_the_calculator(
     world, teammate: User
 ) -> None:
