@@ -24,7 +24,7 @@ from django.conf import settings
 from django.db.models import QuerySet
 from django.urls import NoReverseMatch, reverse
 
-from monitor.answer import selection
+from monitor.answer import board, selection
 from monitor.models import (
     APP_E2E_METRICS,
     BUDGET_STATUSES,
@@ -198,6 +198,20 @@ class TaskDigest:
     this_week: Stats
     last_week: Stats
     threshold_pct: int
+
+    @property
+    def metric_label(self) -> str:
+        """What "fastest" means for this task: the metric that ranks its routes (a scenario's
+        app e2e, the latency class's default, or the one the task sets), never the words
+        "the latency class's default"."""
+        metric = self.task.ranking_metric()
+        return dict(LATENCY_METRICS).get(metric, metric)
+
+    @property
+    def overview_hours(self) -> int:
+        """The overview's and the read API's window: their winner is judged over it, this
+        digest's over its week, so the two can name different routes."""
+        return int(board.WINDOW.total_seconds() // 3600)
 
     @property
     def changed_regions(self) -> list[RegionDigest]:

@@ -7,8 +7,10 @@ from datetime import timedelta
 from django.contrib.auth.models import User
 from django.test import Client
 
+from monitor import scenario_presets
 from monitor.digest import report as digest
-from monitor.models import Task
+from monitor.digest import sending
+from monitor.models import Subscription, Task
 from monitor.pipeline import ingest
 from tests.digest.conftest import WEEK_END, Scenario
 from tests.monitor import factories as f
@@ -67,6 +69,31 @@ def test_an_unchanged_winner_is_reported_as_unchanged_with_steady_figures(db: No
     assert region.e2e_budget == "near budget"  # 950 ms against 1000 ms
     # The task sets no TTFT budget: the interactive class's default (2 s) applies.
     assert region.ttft_budget == "within budget"
+
+
+def test_the_digest_names_each_tasks_ranking_metric_and_the_window_of_its_winners(
+    db: None, owner: User
+) -> None:
+    p = f.provider()
+    r = f.route(p, "agent-model")
+    eu = f.region("eu-west")
+    # A scenario task: ranked by app e2e whatever its latency_metric says (none).
+    t = f.task("agent", [r], [eu], latency_metric="", latency_class="async")
+    scenario_presets.apply(t, "agent-loop")
+    plain = f.task("extract", [r], [eu], latency_metric="", latency_class="interactive")
+    report = digest.build_report(Task.objects.filter(pk__in=[t.pk, plain.pk]), PERIOD)
+    labels = {d.task.slug: d.metric_label for d in report}
+    assert labels == {"agent": "app e2e p50 (scenario tasks)", "extract": "TTFT p95"}
+    subscription = Subscription(user=owner)
+    message = sending.digest_message(subscription, PERIOD, report)
+    text = str(message.body)
+    html = str(message.alternatives[0][0])
+    for body in (text, html):
+        assert "the latency class's default" not in body
+        assert "app e2e p50 (scenario tasks)" in body
+        # Which window each winner is for: the digest's week, not the overview's 24 h.
+        assert "this digest's week" in body
+        assert "the overview judges the last 24 h" in body
 
 
 def test_results_outside_the_fortnight_are_not_counted(scenario: Scenario) -> None:
