@@ -214,11 +214,11 @@ def _version() -> str:
 
 def _stop_for_restart(reason: str) -> None:
     """Exit so the supervisor starts this worker again: a warm shutdown, then a hard exit
-    after 10 s (a consumer broken this way can hang its own shutdown: seen after a TCP reset,
-    tests/monitor/test_remote_region.py); results already sent are kept, the rest of its
+    after 3 s (a consumer broken this way can hang its own shutdown: seen after a TCP reset
+    and after a cut, tests/monitor/test_remote_region.py); results already sent are kept, the rest of its
     running batches are recorded missed at their deadlines."""
     log.error("%s; exiting so that its supervisor restarts it", reason)
-    threading.Timer(10.0, os._exit, args=(75,)).start()
+    threading.Timer(3.0, os._exit, args=(75,)).start()
     os.kill(os.getpid(), signal.SIGTERM)
 
 
