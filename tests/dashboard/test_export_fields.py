@@ -87,7 +87,8 @@ def test_the_exports_carry_generated_reference_streamed_tokens_slot_and_scenario
     assert measured["reference"] is True
     assert measured["streamed_output_tokens"] == 150
     assert measured["slot_at"] is not None
-    assert measured["scenario_id"] is None and measured["step"] is None
+    assert measured["scenario_id"] is None
+    assert measured["step"] is None
     first, second = rows[2], rows[3]
     assert (first["scenario_id"], first["step"]) == (scenario.pk, 0)
     assert (second["scenario_id"], second["step"]) == (scenario.pk, 1)
