@@ -71,7 +71,10 @@ from monitor.pipeline.messages import (
 from monitor.pipeline.scheduling import active_eval_cases
 from monitor.pipeline.slots import EPOCH, assignment, options_for, phase_s, slot_number
 from monitor.stats import rollups
+from probes import prompts
 from probes.errors import Kind
+from probes.formats import wire_format
+from probes.model import ProbeSpec
 from probes.scenario import MIN_CALL_S
 from simulator.config import Config, Profile
 from simulator.config import Provider as SimProvider
@@ -134,18 +137,22 @@ def counterparts(config: Config, routes: list[Route]) -> dict[int, Simulated]:
 
 
 def request_body(route: Route, answer_tokens: int) -> dict[str, Any]:
-    """The model parameters the probe engine sends for this route, for an answer of up to
-    `answer_tokens` (a task's or a scenario step's max_tokens): what a profile reads."""
-    body: dict[str, Any] = {route.token_limit_param: route.token_limit(answer_tokens)}
-    if route.reasoning_effort:
-        body["reasoning_effort"] = route.reasoning_effort
-    if route.service_tier:
-        body["service_tier"] = route.service_tier
-    if route.temperature is not None:
-        body["temperature"] = route.temperature
-    if route.thinking_budget_tokens:
-        body["thinking"] = {"type": "enabled", "budget_tokens": route.thinking_budget_tokens}
-    return body
+    """The body the probe engine sends for this route, in its wire format, for an answer of up
+    to `answer_tokens` (a task's or a scenario step's max_tokens): what a profile reads. Built
+    by the engine's own format (an empty prompt: profiles read the model parameters)."""
+    spec = ProbeSpec(
+        base_url="",
+        format=route.provider.wire_format,
+        model=route.model_id,
+        max_tokens=route.token_limit(answer_tokens),
+        token_limit_param=route.token_limit_param,
+        reasoning_effort=route.reasoning_effort or None,
+        thinking_budget_tokens=route.thinking_budget_tokens,
+        service_tier=route.service_tier or None,
+        temperature=route.temperature,
+        extra_body=dict(route.extra_body or {}),
+    )
+    return wire_format(spec.format).body(spec, prompts.build("", "", 0, False), False)
 
 
 def shape_for(sim: Simulated, route: Route, answer_tokens: int) -> Shape:

@@ -25,7 +25,10 @@ from monitor.models import (
     PREFIX_FRESH,
     PREFIX_STABLE,
     WIRE_AZURE,
+    WIRE_BEDROCK,
+    WIRE_GEMINI,
     WIRE_OPENAI,
+    WIRE_RESPONSES,
     EvalCase,
     Provider,
     Region,
@@ -47,8 +50,8 @@ def _endpoints(sim: SimProvider, base: str) -> list[tuple[list[str], str, str]]:
     deployment URL, so each simulated Azure model (a deployment) is a provider of its own."""
     if sim.profile == "azure-openai":
         return [([m], f"{base}/{sim.slug}/openai/deployments/{m}", WIRE_AZURE) for m in sim.models]
-    url = f"{base}/{sim.slug}/v1" if sim.format == WIRE_OPENAI else f"{base}/{sim.slug}"
-    return [(list(sim.models), url, sim.format)]
+    suffix = {WIRE_OPENAI: "/v1", WIRE_RESPONSES: "/v1", WIRE_GEMINI: "/v1beta"}
+    return [(list(sim.models), f"{base}/{sim.slug}{suffix.get(sim.format, '')}", sim.format)]
 
 
 def _request_settings(profile: str, wire: str) -> dict[str, Any]:
@@ -57,6 +60,10 @@ def _request_settings(profile: str, wire: str) -> dict[str, Any]:
     if profile == "openai-reasoning":
         settings.update(presets.ROUTE_PRESETS["openai-reasoning"]["settings"])
         settings["reasoning_effort"] = ""  # the API's default (medium): the seeds' figures
+    if profile == "openai-responses":
+        settings.update(presets.ROUTE_PRESETS["responses-reasoning"]["settings"])
+    if profile in ("gemini", "bedrock"):  # thinks when asked, shows summaries of it
+        settings["thinking_budget_tokens"] = 1024
     if wire == WIRE_AZURE:
         settings["api_version"] = AZURE_API_VERSION
     return settings
@@ -131,9 +138,14 @@ class Command(BaseCommand):
                         "http2": True,
                         "accepts_msgpack": sim.accepts_msgpack,
                         "is_simulated": True,
+                        "aws_region": sim.region if wire == WIRE_BEDROCK else "",
                     },
                 )
-                if sim.api_keys and not provider.has_api_key:
+                if wire == WIRE_BEDROCK and sim.aws_keys and not provider.has_api_key:
+                    # Signed with SigV4, as most AWS teams reach Bedrock.
+                    provider.set_aws_credentials(*next(iter(sim.aws_keys.items())))
+                    provider.save(update_fields=["api_key_encrypted"])
+                elif sim.api_keys and not provider.has_api_key:
                     provider.set_api_key(sim.api_keys[0])
                     provider.save(update_fields=["api_key_encrypted"])
                 for model_id in model_ids:
