@@ -70,16 +70,21 @@ EXCEPTION_KINDS = {"throttlingException": Kind.HTTP_429}
 
 
 class EventStreamFraming:
-    """AWS event-stream messages as Events, decoded by botocore (CRCs checked)."""
+    """AWS event-stream messages as Events, decoded by botocore (CRCs checked). Messages
+    decoded before a corrupt one in the same read still count (they arrived intact); the
+    corruption is raised on the next call."""
 
     foreign: str | None = None
 
     def __init__(self) -> None:
         self.buffer = EventStreamBuffer()
+        self.failure: MalformedStream | None = None
 
     def feed(self, chunk: bytes) -> list[Event]:
+        if self.failure is not None:
+            raise self.failure
         self.buffer.add_data(chunk)
-        events = []
+        events: list[Event] = []
         try:
             for message in self.buffer:
                 headers = cast("dict[str, Any]", message.headers)
@@ -97,12 +102,16 @@ class EventStreamFraming:
                 else:
                     raise MalformedStream(f"an event-stream message of type {kind!r}")
         except ParserError as exc:
-            raise MalformedStream(
+            self.failure = MalformedStream(
                 f"the event stream is corrupt: {exc.__class__.__name__}: {exc}"
-            ) from None
+            )
+            if not events:
+                raise self.failure from None
         return events
 
     def close(self) -> list[Event]:
+        if self.failure is not None:
+            raise self.failure
         return []  # a partial message left over: the stream ended before it (truncated)
 
 

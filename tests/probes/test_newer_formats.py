@@ -51,7 +51,7 @@ def _spec(
         base = {"base_url": sim.base_url + "/bedsim", "model": CLAUDE, **AWS}
     if model:
         base["model"] = model
-    base.setdefault("max_tokens", 400)
+    base.setdefault("max_tokens", 600)
     headers = {"x-sim-fault": fault} if fault else {}
     return ProbeSpec(format=fmt, extra_headers=headers, **{**base, **kw})
 
@@ -266,7 +266,7 @@ def test_the_cli_probes_each_format(
     done = subprocess.run(
         [
             *(sys.executable, "-m", "probes", "--url", spec.base_url, "--format", fmt),
-            *("--model", spec.model, "--max-tokens", "400", "--json", *extra),
+            *("--model", spec.model, "--max-tokens", "600", "--json", *extra),
         ],
         cwd=ROOT,
         capture_output=True,
