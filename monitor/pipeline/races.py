@@ -73,8 +73,10 @@ def _racing_routes(task: Task) -> list[Route]:
     return [r for r in task.routes.all() if r.is_active and r.provider.is_active]
 
 
-def race_cost_estimate(task: Task, routes: list[Route]) -> Decimal:
-    return spend.race_estimate_usd(task, routes)
+def race_cost_estimate(
+    task: Task, routes: list[Route], usage: spend.Usages | None = None
+) -> Decimal:
+    return spend.race_estimate_usd(task, routes, usage)
 
 
 def due_races(now: datetime, committed: dict[int, Decimal]) -> list[tuple[Task, Region, datetime]]:
@@ -87,6 +89,7 @@ def due_races(now: datetime, committed: dict[int, Decimal]) -> list[tuple[Task, 
         (r["task_id"], r["region_id"]): r["last"]
         for r in RaceRun.objects.values("task_id", "region_id").annotate(last=Max("slot_at"))
     }
+    usage = spend.measured_usage(now)
     due = []
     for task in tasks:
         interval = task.race_interval_s
@@ -94,7 +97,7 @@ def due_races(now: datetime, committed: dict[int, Decimal]) -> list[tuple[Task, 
         routes = _racing_routes(task)
         if len(routes) < 2:
             continue  # a race needs two lanes
-        cost = race_cost_estimate(task, routes)
+        cost = race_cost_estimate(task, routes, usage)
         for region in task.regions.all():
             if not region.is_active:
                 continue

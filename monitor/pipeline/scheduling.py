@@ -49,11 +49,14 @@ def month_spend_by_task(now: datetime) -> dict[int, Decimal]:
     return spend.spent_by_task(now)
 
 
-def spend_capped(task: Task, route: Route, committed: Decimal) -> bool:
-    """Would one more probe of this route take the task past its monthly cap?"""
+def spend_capped(
+    task: Task, route: Route, committed: Decimal, usage: spend.Usages | None = None
+) -> bool:
+    """Would one more probe of this route take the task past its monthly cap? `usage`: the
+    routes' recent measured usage (spend.measured_usage; the worst case where none)."""
     if task.monthly_spend_cap_usd is None:
         return False
-    return committed + spend.probe_estimate_usd(task, route) > task.monthly_spend_cap_usd
+    return committed + spend.probe_estimate_usd(task, route, usage) > task.monthly_spend_cap_usd
 
 
 def latest_slots() -> dict[tuple[int, int, int], datetime]:
@@ -90,6 +93,7 @@ def due_slots(now: datetime, committed: dict[int, Decimal] | None = None) -> lis
         "routes__provider", "regions", "steps"
     )
     latest = latest_slots()
+    usage = spend.measured_usage(now)
     slots: list[Slot] = []
     for task in tasks:
         cap = task.monthly_spend_cap_usd
@@ -99,8 +103,8 @@ def due_slots(now: datetime, committed: dict[int, Decimal] | None = None) -> lis
                 break
             if not (route.is_active and route.provider.is_active):
                 continue
-            cost = spend.probe_estimate_usd(task, route)
-            if spend_capped(task, route, committed.get(task.pk, Decimal("0"))):
+            cost = spend.probe_estimate_usd(task, route, usage)
+            if spend_capped(task, route, committed.get(task.pk, Decimal("0")), usage):
                 continue
             for region in task.regions.all():
                 if not region.is_active or capped:

@@ -2,10 +2,24 @@
 
 What counts toward the cap: results ingested this month (their cost in the daily rollups),
 races finished this month, and what is in flight: slots and races dispatched and not yet closed,
-each at its estimated cost (the route's prices for the task's prompt size and the whole token
-limit sent, so no probe can cost more than its estimate). The scheduler adds each probe's
-estimate as it dispatches it within a tick (monitor.pipeline.scheduling), so a tick cannot
-overshoot the cap either; every page reads `cap_states` to say why a capped task stopped.
+each at its estimated cost. Generated demo history (ProbeResult.generated, RaceRun.generated)
+was never paid for: it is taken back out of the rollups' cost and never counts.
+
+A probe's estimate is what the route's own recent probes of the task used (`Usage`, from the
+hourly rollups of the last USAGE_WINDOW, regions merged): their mean input, cached input and
+billed output tokens (reasoning included, hidden or not) per successful probe (a scenario
+task's rollup rows are whole runs, so per run), at the route's current prices. Only where a
+route has fewer than MIN_USAGE_PROBES such probes is it priced at its worst case: the prompt
+at its target size and the whole token limit sent as output. The worst case priced hidden
+reasoning routes 8 to 28 times over (a token limit with 25,000 tokens of room), and a route
+whose visible reasoning is not bounded by the limit overran it. Hours up to the end of
+generated demo history are not read: a route's usage is measured, never drawn.
+
+At ingest a slot closes and its estimate leaves in flight as its real cost enters the rollups:
+the cap then holds the real figure (reconciled per slot, so an estimate's error lasts only
+while its probe runs). The scheduler adds each probe's estimate as it dispatches it within a
+tick (monitor.pipeline.scheduling), so a tick cannot overshoot the cap by more than its
+probes' estimates' error; every page reads `cap_states` to say why a capped task stopped.
 
 In flight also holds what ran more often than it was dispatched. Ingest keeps one result a
 slot, so a message a region worker ran twice (Celery's redelivery after a killed worker, or a
@@ -23,21 +37,25 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from functools import cache
 from typing import Any
 
 import redis
 from django.conf import settings
+from django.db import connection
 from django.db.models import Count, Sum
 from django.utils import timezone
 
 from monitor.models import (
     GRAIN_DAY,
+    GRAIN_HOUR,
     SLOT_DISPATCHED,
     SLOT_DONE,
     STEP_FAN_OUT,
+    GeneratedSpan,
+    ProbeResult,
     ProbeSlot,
     RaceRun,
     Region,
@@ -59,8 +77,75 @@ def month_start(now: datetime) -> datetime:
     return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
 
 
-def probe_estimate_usd(task: Task, route: Route) -> Decimal:
-    """The most one probe of this route can cost for this task: the prompt at its target size
+# A route's recent usage is read over this window of hourly rollups...
+USAGE_WINDOW = timedelta(hours=24)
+# ...and used once it holds this many successful probes (scenario runs); the worst case before.
+MIN_USAGE_PROBES = 3
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What a route's recent successful probes of a task used, each on average (a scenario
+    task's: each run, all its calls)."""
+
+    probes: int
+    input_tokens: float
+    cached_tokens: float
+    output_tokens: float  # billed: the answer and the reasoning, streamed or hidden
+
+    def cost_usd(self, route: Route) -> Decimal:
+        return route.cost_usd(
+            round(self.input_tokens), round(self.output_tokens), round(self.cached_tokens)
+        )
+
+
+Usages = dict[tuple[int, int], Usage]
+
+_USAGE_SQL = f"""
+SELECT task_id, route_id, sum(count_ok), sum(input_tokens), sum(cached_tokens),
+       sum(output_tokens)
+FROM {Rollup._meta.db_table}
+WHERE grain = %s AND region_id IS NULL AND bucket_start >= %s
+  AND bucket_start > coalesce(
+      (SELECT date_trunc('hour', last) FROM {GeneratedSpan._meta.db_table}), '-infinity')
+GROUP BY task_id, route_id
+HAVING sum(count_ok) >= %s
+"""
+
+
+def measured_usage(now: datetime) -> Usages:
+    """Per (task id, route id), the mean usage of its successful probes over the last
+    USAGE_WINDOW of hourly rollups (regions merged), after the hour the generated demo history
+    ended in (rollups do not tell drawn results from measured ones: a demo's first live hour
+    is priced at the worst case). Failed probes' tokens count in the sums (a probe that
+    streamed then broke was billed) but not in the divisor, which errs high. Pairs with fewer
+    than MIN_USAGE_PROBES are left out. One query."""
+    with connection.cursor() as cursor:
+        cursor.execute(_USAGE_SQL, [GRAIN_HOUR, now - USAGE_WINDOW, MIN_USAGE_PROBES])
+        rows = cursor.fetchall()
+    return {
+        (task_id, route_id): Usage(
+            probes=n,
+            input_tokens=int(inp or 0) / n,
+            cached_tokens=int(cached or 0) / n,
+            output_tokens=int(out or 0) / n,
+        )
+        for task_id, route_id, n, inp, cached, out in rows
+    }
+
+
+def probe_estimate_usd(task: Task, route: Route, usage: Usages | None = None) -> Decimal:
+    """What one probe of this route is expected to cost for this task: its recent measured
+    usage in `usage` (measured_usage) at the route's prices; where there is none, the most it
+    can cost (`worst_case_usd`)."""
+    measured = (usage or {}).get((task.pk, route.pk))
+    if measured is not None:
+        return measured.cost_usd(route)
+    return worst_case_usd(task, route)
+
+
+def worst_case_usd(task: Task, route: Route) -> Decimal:
+    """The most one probe can cost when nothing is measured yet: the prompt at its target size
     and the whole token limit sent (route.token_limit) as output. A scenario task's slot is
     every call of its steps (`scenario_estimate_usd`)."""
     if task.is_scenario:
@@ -82,8 +167,8 @@ def scenario_estimate_usd(task: Task, route: Route) -> Decimal:
     return total
 
 
-def race_estimate_usd(task: Task, routes: Iterable[Route]) -> Decimal:
-    return sum((probe_estimate_usd(task, r) for r in routes), ZERO)
+def race_estimate_usd(task: Task, routes: Iterable[Route], usage: Usages | None = None) -> Decimal:
+    return sum((probe_estimate_usd(task, r, usage) for r in routes), ZERO)
 
 
 def _active_routes(task: Task) -> list[Route]:
@@ -91,7 +176,8 @@ def _active_routes(task: Task) -> list[Route]:
 
 
 def spent_by_task(now: datetime) -> dict[int, Decimal]:
-    """What this month's ingested probes and finished races cost, per task."""
+    """What this month's ingested probes and finished races cost, per task; generated demo
+    history never counts (`generated_by_task`)."""
     start = month_start(now)
     spent: dict[int, Decimal] = defaultdict(Decimal)
     rows = (
@@ -101,14 +187,32 @@ def spent_by_task(now: datetime) -> dict[int, Decimal]:
     )
     for r in rows:
         spent[r["task_id"]] += r["spent"] or ZERO
+    for task_id, drawn in generated_by_task(start).items():
+        spent[task_id] -= drawn
     races = (
-        RaceRun.objects.filter(slot_at__gte=start, status=SLOT_DONE)
+        RaceRun.objects.filter(slot_at__gte=start, status=SLOT_DONE, generated=False)
         .values("task_id")
         .annotate(spent=Sum("cost_usd"))
     )
     for r in races:
         spent[r["task_id"]] += r["spent"] or ZERO
-    return dict(spent)
+    return {task_id: max(amount, ZERO) for task_id, amount in spent.items()}
+
+
+def generated_by_task(since: datetime) -> dict[int, Decimal]:
+    """The cost the generated demo history's results since `since` put into the rollups (a
+    scenario's rollup row costs its calls, which are these rows too), per task: taken back out
+    of the month's spend. Only read when there is generated history this month (GeneratedSpan),
+    through the generated results' partial index. Raw results are kept RAW_RETENTION_DAYS
+    (90 by default), longer than a month."""
+    if not GeneratedSpan.objects.filter(last__gte=since).exists():
+        return {}
+    rows = (
+        ProbeResult.objects.filter(generated=True, started_at__gte=since)
+        .values("task_id")
+        .annotate(drawn=Sum("cost_usd"))
+    )
+    return {r["task_id"]: r["drawn"] or ZERO for r in rows}
 
 
 def rerun_key(region: str, at: float) -> str:
@@ -171,7 +275,8 @@ def in_flight_by_task(now: datetime | None = None) -> dict[int, Decimal]:
     open_races = list(
         RaceRun.objects.filter(status=SLOT_DISPATCHED).values("task_id").annotate(n=Count("id"))
     )
-    again = reruns(now or timezone.now())
+    now = now or timezone.now()
+    again = reruns(now)
     task_ids = (
         {r["task_id"] for r in open_slots}
         | {r["task_id"] for r in open_races}
@@ -181,16 +286,21 @@ def in_flight_by_task(now: datetime | None = None) -> dict[int, Decimal]:
         return {}
     # Steps too: a scenario task estimates every call (is_scenario reads them, no query each).
     tasks = Task.objects.prefetch_related("routes__provider", "steps").in_bulk(task_ids)
-    routes = Route.objects.in_bulk({r["route_id"] for r in open_slots} | {r for _, r in again})
+    # The tasks' routes came with them; a route no longer one of its task's is read apart.
+    routes = {r.pk: r for t in tasks.values() for r in t.routes.all()}
+    others = ({r["route_id"] for r in open_slots} | {r for _, r in again}) - routes.keys()
+    if others:
+        routes.update(Route.objects.in_bulk(others))
+    usage = measured_usage(now)
     out: dict[int, Decimal] = defaultdict(Decimal)
     for r in [*open_slots, *({"task_id": t, "route_id": r, "n": n} for (t, r), n in again.items())]:
         task, route = tasks.get(r["task_id"]), routes.get(r["route_id"])
         if task is not None and route is not None:
-            out[task.pk] += probe_estimate_usd(task, route) * r["n"]
+            out[task.pk] += probe_estimate_usd(task, route, usage) * r["n"]
     for r in open_races:
         task = tasks.get(r["task_id"])
         if task is not None:
-            out[task.pk] += race_estimate_usd(task, _active_routes(task)) * r["n"]
+            out[task.pk] += race_estimate_usd(task, _active_routes(task), usage) * r["n"]
     return dict(out)
 
 
@@ -243,6 +353,7 @@ def cap_states(tasks: Iterable[Task], now: datetime) -> dict[int, CapState]:
         return {}
     spent = spent_by_task(now)
     in_flight = in_flight_by_task(now)
+    usage = measured_usage(now)
     out = {}
     for task in capped:
         assert task.monthly_spend_cap_usd is not None
@@ -255,7 +366,9 @@ def cap_states(tasks: Iterable[Task], now: datetime) -> dict[int, CapState]:
         routes = _active_routes(task)
         state.active_routes = len(routes)
         state.paused_routes = [
-            r for r in routes if state.committed_usd + probe_estimate_usd(task, r) > state.cap_usd
+            r
+            for r in routes
+            if state.committed_usd + probe_estimate_usd(task, r, usage) > state.cap_usd
         ]
         if state.paused_routes:
             out[task.pk] = state
