@@ -4,6 +4,7 @@ services: what a careless client gets wrong is refused the way the real API refu
 from __future__ import annotations
 
 import json
+from typing import Any, cast
 
 import httpx2
 from botocore.auth import SigV4Auth
@@ -43,7 +44,7 @@ def test_bedrock_takes_a_model_id_with_a_colon_signed_as_botocore_signs_it(
     assert response.headers["content-type"] == "application/vnd.amazon.eventstream"
     buffer = EventStreamBuffer()
     buffer.add_data(response.content)
-    kinds = [m.headers[":event-type"] for m in buffer]
+    kinds = [cast("dict[str, Any]", m.headers)[":event-type"] for m in buffer]
     assert kinds[0] == "messageStart"
     assert kinds[-2:] == ["messageStop", "metadata"]
 
@@ -112,7 +113,7 @@ def test_gemini_hides_thoughts_unless_asked_and_bills_them_either_way(
     assert httpx2.post(url, headers=headers, json={"contents": [{}]}).status_code == 400
     headers = {"x-goog-api-key": "test-gemsim-key-0123456789"}
 
-    def chunks(config: dict[str, object]) -> list[dict[str, object]]:
+    def chunks(config: dict[str, Any]) -> list[dict[str, Any]]:
         body = {"contents": [{"parts": [{"text": "hi"}]}], "generationConfig": config}
         text = httpx2.post(url, headers=headers, json=body).text
         return [json.loads(line[6:]) for line in text.split("\r\n") if line.startswith("data: ")]
@@ -120,7 +121,7 @@ def test_gemini_hides_thoughts_unless_asked_and_bills_them_either_way(
     hidden = chunks({"maxOutputTokens": 500})
     shown = chunks({"maxOutputTokens": 500, "thinkingConfig": {"includeThoughts": True}})
 
-    def thought_parts(stream: list[dict]) -> int:
+    def thought_parts(stream: list[dict[str, Any]]) -> int:
         return sum(
             1
             for c in stream
