@@ -22,7 +22,9 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from functools import cache
 
+import redis
 from django.conf import settings
 
 log = logging.getLogger(__name__)
@@ -42,11 +44,16 @@ _samples: deque[Sample] = deque(maxlen=SAMPLES)
 _lock = threading.Lock()
 
 
+@cache
+def _client(url: str) -> redis.Redis:
+    """The broker's Redis, a client of this module's own (monitor.pipeline.queues reaches into
+    ingest, which signs with this clock: no import back)."""
+    return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+
+
 def measure() -> Sample:
     """One exchange with the broker's clock (raises redis errors)."""
-    from monitor.pipeline import queues
-
-    client = queues.client()
+    client = _client(settings.REDIS_URL)
     before = time.time()
     seconds, micros = client.time()
     after = time.time()

@@ -118,8 +118,11 @@ def test_the_tick_sends_what_was_planned_to_each_region_queue(world) -> None:
         for probe in signing.probe_messages(kind, env["body"]):
             assert probe["provider"]["api_key_token"].startswith(f"rwr1.{row.key_id}.")
             probe["provider"]["api_key_token"] = "(wrapped)"
-        opened.append((queue, task_name, env["body"], expires))
-    expected = [(d.queue, d.task_name, d.message, d.expires.isoformat()) for d in planned]
+        # The expiry travels signed, judged by the worker in central time (monitor.pipeline.clock),
+        # never as Celery's own `expires`, which Celery judges by the worker's clock.
+        assert expires is None
+        opened.append((queue, task_name, env["body"], env["expires_at"]))
+    expected = [(d.queue, d.task_name, d.message, d.expires.timestamp()) for d in planned]
     for _, task_name, message, _ in expected:
         kind = signing.KIND_BATCH if task_name == messages.RUN_PROBE_BATCH else signing.KIND_RACE
         for probe in signing.probe_messages(kind, message):
