@@ -212,13 +212,6 @@ def page(
 
 EXPORT_FIELDS = [
     ("started_at", "started_at"),
-    # The planned slot (start lag is started_at - slot_at); a scenario's call has none of its
-    # own: its scenario's slot is scenario_slot_at.
-    ("slot_at", "slot_at"),
-    # Demo history drawn from the simulator's profiles, not measured (monitor.demo_history).
-    ("generated", "generated"),
-    # Probed with the task's reference option set: only these rank routes.
-    ("reference", "reference"),
     ("task", "task__slug"),
     ("provider", "route__provider__name"),
     ("model", "route__model_id"),
@@ -248,8 +241,6 @@ EXPORT_FIELDS = [
     ("input_tokens", "input_tokens"),
     ("cached_tokens", "cached_tokens"),
     ("output_tokens", "output_tokens"),
-    # Tokens that arrived in the stream (what speed counts), apart from billed output.
-    ("streamed_output_tokens", "streamed_output_tokens"),
     ("token_source", "token_source"),
     ("reasoning_tokens", "reasoning_tokens"),
     ("hidden_reasoning_tokens", "hidden_reasoning_tokens"),
@@ -262,12 +253,23 @@ EXPORT_FIELDS = [
     ("retry_after_s", "retry_after_s"),
     ("quality_pass", "quality_pass"),
     ("cost_usd", "cost_usd"),
+    ("text", "text"),
+    # Added after the first columns, so a reader that takes columns by position still reads
+    # them where they were.
+    # The planned slot (start lag is started_at - slot_at); a scenario's call has none of its
+    # own: its scenario's slot is scenario_slot_at.
+    ("slot_at", "slot_at"),
+    # Demo history drawn from the simulator's profiles, not measured (monitor.demo_history).
+    ("generated", "generated"),
+    # Probed with the task's reference option set: only these rank routes.
+    ("reference", "reference"),
+    # Tokens that arrived in the stream (what speed counts), apart from billed output.
+    ("streamed_output_tokens", "streamed_output_tokens"),
     # One call of a scenario: the scenario's id, its slot and the step (0 first); empty for
     # a single probe.
     ("scenario_id", "scenario_id"),
     ("scenario_slot_at", "scenario__slot_at"),
     ("step", "step"),
-    ("text", "text"),
 ]
 EXPORT_HEADER = [name for name, _ in EXPORT_FIELDS]
 
