@@ -12,6 +12,7 @@ faults do not change what a request uses (tokens), which is what an estimate pri
 
 from __future__ import annotations
 
+import io
 import re
 from collections.abc import Iterator
 from datetime import timedelta
@@ -217,3 +218,15 @@ def test_generated_demo_history_is_never_spend_and_never_usage() -> None:
     assert ingest.ingest(measured) == 3
     assert spend.spent_by_task(later)[task.pk] == Decimal("0.0042")
     assert spend.probe_estimate_usd(task, route, spend.measured_usage(later)) == Decimal("0.0014")
+
+
+@pytest.mark.django_db
+def test_spend_estimates_prints_each_routes_estimate_beside_its_real_cost() -> None:
+    task, route, region = _cheap_world()
+    now = timezone.now().replace(microsecond=0)
+    results = [f.payload(task, route, region, now - timedelta(seconds=i + 1)) for i in range(3)]
+    results[0]["output_tokens"] = 500  # $0.0020; the others $0.0014: mean $0.0016
+    assert ingest.ingest(results) == 3
+    out = io.StringIO()
+    call_command("spend_estimates", stdout=out)
+    assert f"  qa / {route}: $0.00160, $0.00160 (3), 1.00x, worst $0.01100" in out.getvalue()
