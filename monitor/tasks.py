@@ -23,7 +23,7 @@ from typing import Any
 from celery import Task, shared_task
 from celery.signals import task_received, worker_init, worker_ready
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, connection
+from django.db import InterfaceError, OperationalError
 from django.db.models import F
 from django.utils import timezone
 
@@ -361,29 +361,15 @@ def ingest_results(self: Task[Any, Any], results: dict[str, Any]) -> int:
         return 0
 
 
-# One overview rebuild at a time across every worker (a PostgreSQL advisory lock, held by the
-# rebuilding session, so a killed worker releases it): while a rebuild runs the snapshot stays
-# old, and beat's next asks would each start another. At the realistic mix's 1x, four ran at
-# once on the ingest workers for 70-130 s each, and ingest fell minutes behind.
-OVERVIEW_REBUILD_LOCK = 0x52570001
-
-
 @shared_task(name="monitor.tasks.refresh_overview")
 def refresh_overview() -> int | None:
     """Rebuild the overview snapshot, so readers get it ready-made: its number of rows, or
     None when another rebuild is running or the last one was too recent for its cost
     (board.rebuild_due)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(%s)", [OVERVIEW_REBUILD_LOCK])
-        if not cursor.fetchone()[0]:
-            return None
-    try:
-        if not board.rebuild_due():
+    with board.rebuilding() as mine:
+        if not mine or not board.rebuild_due():
             return None
         return len(board.refresh(keep_settled=True).rows)
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_unlock(%s)", [OVERVIEW_REBUILD_LOCK])
 
 
 @shared_task(name="monitor.tasks.delete_old_results")

@@ -712,13 +712,15 @@ def delete_old_results(days: int, batch: int = 20_000, slot_days: int | None = N
     done = partitions.drop_expired(cutoff, batch)
     if done.dropped:
         log.info("retention dropped partitions %s", ", ".join(done.dropped))
-    if (done.dropped or done.deleted) and GeneratedSpan.objects.exists():
+    # A scenario started before the cutoff goes with its calls, some of which started after it.
+    scenario_rows = _delete_old_scenarios(cutoff, batch)
+    if (done.dropped or done.deleted or scenario_rows) and GeneratedSpan.objects.exists():
         GeneratedSpan.refresh()  # some of the generated history may have gone
     kept_days = min(days, slot_days if slot_days is not None else settings.SLOT_RETENTION_DAYS)
     slots = _delete_closed_slots(now - timedelta(days=kept_days), batch)
     RaceRun.objects.filter(slot_at__lt=cutoff).exclude(status=SLOT_DISPATCHED).delete()
     health.drop_before(now - timedelta(days=min(days, health.KEPT_DAYS)))
-    return done.deleted + slots + _delete_old_scenarios(cutoff, batch)
+    return done.deleted + slots + scenario_rows
 
 
 _DELETE_SLOTS = """
