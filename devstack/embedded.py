@@ -102,8 +102,8 @@ def start_postgres(var_dir: Path, *, durable: bool = True) -> str:
 
     `durable`: a commit returns only once it is on disk (synchronous_commit on), so an ingest
     that was acknowledged survives a crash of the machine or the server, as `make run` used as
-    a deployment needs. The test suite's own server runs without (`make test`: faster, and its
-    data is thrown away). Set at every start (ALTER SYSTEM), whatever an older data folder's
+    a deployment needs. The test suite's own server runs without, and without fsync (`make
+    test`: faster, and its data is thrown away). Set at every start (ALTER SYSTEM), whatever an older data folder's
     configuration said."""
     pgdata = (var_dir / "postgres").resolve()
     var_dir.mkdir(parents=True, exist_ok=True)
@@ -115,7 +115,12 @@ def start_postgres(var_dir: Path, *, durable: bool = True) -> str:
             fh.write(_PG_CONF)
     server.start()
     mode = "on" if durable else "off"
-    server.psql(f"ALTER SYSTEM SET synchronous_commit = {mode}; SELECT pg_reload_conf();")
+    # Without durability (the test suite's server) no write waits for the disk at all: the
+    # data survives a killed server (the operating system keeps it), not a machine crash.
+    server.psql(
+        f"ALTER SYSTEM SET synchronous_commit = {mode}; ALTER SYSTEM SET fsync = {mode}; "
+        f"ALTER SYSTEM SET full_page_writes = {mode}; SELECT pg_reload_conf();"
+    )
     info = server.get_postmaster_info()
     socket_dir = str(info.socket_dir)
     # Create our database once; the server's own `postgres` database stays untouched.

@@ -5,7 +5,29 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from django.contrib.auth import hashers
+from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.contrib.auth.models import User
+
+
+class FastPBKDF2(PBKDF2PasswordHasher):
+    """The product's hasher with 1,000 iterations, not 1,000,000 (0.3 s a password here, and
+    the suite makes and checks hundreds). Its hashes name the same algorithm and carry their
+    iteration count, so the product's own hasher (a test's gunicorn or worker) verifies them."""
+
+    iterations = 1000
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _fast_password_hashing() -> None:
+    from django.conf import settings
+
+    settings.PASSWORD_HASHERS = [
+        "tests.conftest.FastPBKDF2",
+        *[h for h in settings.PASSWORD_HASHERS if not h.endswith(".FastPBKDF2")],
+    ]
+    hashers.get_hashers.cache_clear()
+    hashers.get_hashers_by_algorithm.cache_clear()
 
 
 @pytest.fixture(autouse=True)

@@ -34,8 +34,8 @@ from tests.monitor import factories as f
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-MEASURED = 4  # probes (scenario runs) before the estimate
-CHECKED = 4  # probes after it, whose real cost it is judged against
+MEASURED = spend.MIN_USAGE_PROBES  # probes (scenario runs) before the estimate
+CHECKED = 2  # probes after it, whose real cost it is judged against
 
 
 def fast_copy(config: Path, folder: Path) -> Path:
