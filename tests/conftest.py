@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from django.contrib.auth import hashers
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.contrib.auth.models import User
+from django.test.signals import setting_changed
 
 
 class FastPBKDF2(PBKDF2PasswordHasher):
@@ -22,12 +22,10 @@ class FastPBKDF2(PBKDF2PasswordHasher):
 def _fast_password_hashing() -> None:
     from django.conf import settings
 
-    settings.PASSWORD_HASHERS = [
-        "tests.conftest.FastPBKDF2",
-        *[h for h in settings.PASSWORD_HASHERS if not h.endswith(".FastPBKDF2")],
-    ]
-    hashers.get_hashers.cache_clear()
-    hashers.get_hashers_by_algorithm.cache_clear()
+    value = ["tests.conftest.FastPBKDF2", *settings.PASSWORD_HASHERS]
+    settings.PASSWORD_HASHERS = value
+    # What override_settings sends: django.contrib.auth forgets the hashers it loaded.
+    setting_changed.send(sender=None, setting="PASSWORD_HASHERS", value=value, enter=True)
 
 
 @pytest.fixture(autouse=True)
