@@ -12,8 +12,9 @@ minutes); `--mix fast` is the old one, every probe well under a second.
 
 Real processes, as deployed: the simulator, celery beat (ticks every TICK_SECONDS), one celery
 worker per region (its own region key only, signed messages, started with
-monitor.limits.region_worker_args() unless --region-concurrency says otherwise), N ingest workers (also running
-the tick, the sweep and the overview rebuild, as the `default` queue), and the pages read
+monitor.limits.region_worker_args() unless --region-concurrency says otherwise), the tick's own
+scheduler worker, N ingest workers (results only, at the web's priority), a background worker
+(the sweep, the overview rebuild and beat's other tasks: the `default` queue), and the pages read
 through Django during the load. A database of its own (routewatch_bench_load), rebuilt each
 run; the bench adds one column to the raw results there (rw_bench_written_at, the insert's
 clock time) to measure ingest lag.
@@ -498,7 +499,31 @@ def run(ns: argparse.Namespace) -> int:
             tmp / "scheduler.log",
         )
     )
-    ingest_queues = "ingest,default"  # with the overview rebuild and beat's other tasks
+    # As the product runs them (devstack, compose): ingest alone at the web's priority, beat's
+    # other work (overview rebuilds, rollups, retention) on a background worker at RW_WORKER_NICE.
+    procs.append(
+        Proc(
+            "background",
+            "background worker",
+            [
+                *celery,
+                "worker",
+                "--loglevel",
+                "INFO",
+                "--queues",
+                "default",
+                "--hostname",
+                "background@%h",
+                "--concurrency",
+                "2",
+                "--without-gossip",
+                "--without-mingle",
+            ],
+            env,
+            tmp / "background.log",
+        )
+    )
+    ingest_env = env if ns.worker_nice is not None else {**env, "RW_WORKER_NICE": "0"}
     for i in range(ns.ingest_workers):
         procs.append(
             Proc(
@@ -510,7 +535,7 @@ def run(ns: argparse.Namespace) -> int:
                     "--loglevel",
                     "INFO",
                     "--queues",
-                    ingest_queues,
+                    "ingest",
                     "--hostname",
                     f"ingest{i}@%h",
                     "--concurrency",
@@ -518,7 +543,7 @@ def run(ns: argparse.Namespace) -> int:
                     "--without-gossip",
                     "--without-mingle",
                 ],
-                env,
+                ingest_env,
                 tmp / f"ingest{i}.log",
             )
         )
@@ -668,7 +693,7 @@ def run(ns: argparse.Namespace) -> int:
         durations: dict[str, list[float]] = {}
         skipped: dict[str, int] = {}  # runs that did nothing (the overview, not yet due)
         for p in procs:
-            if p.component in ("ingest workers", "scheduler worker"):
+            if p.component in ("ingest workers", "scheduler worker", "background worker"):
                 for m in SUCCEEDED.finditer(p.log.read_text(errors="replace")):
                     if m.group(3).strip() == "None":
                         skipped[m.group(1)] = skipped.get(m.group(1), 0) + 1

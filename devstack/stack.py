@@ -389,6 +389,9 @@ def stack_processes(env: dict[str, str], port: int) -> list[Child]:
             env={"RW_WORKER_NICE": "0"},
             stop_first=True,
         ),
+        # Results, at the web's CPU priority too: ingest lag is a target (p99 <= 5 s), and at
+        # nice 10 beside busy region workers ingest got 0.07 cores and fell 13 minutes behind
+        # (bench/RESULTS.md). Its cost is small per result.
         Child(
             "ingest",
             [
@@ -397,9 +400,29 @@ def stack_processes(env: dict[str, str], port: int) -> list[Child]:
                 "--loglevel",
                 "INFO",
                 "--queues",
-                "ingest,default",
+                "ingest",
                 "--hostname",
                 "ingest@%h",
+                "--concurrency",
+                "2",
+            ],
+            env={"RW_WORKER_NICE": "0"},
+            stop_first=True,
+        ),
+        # Beat's other work (overview rebuilds, rollups, retention, digests) at the workers'
+        # lower priority (RW_WORKER_NICE, 10): a rebuild takes seconds of CPU and nobody waits
+        # on it, since pages serve the last snapshot meanwhile.
+        Child(
+            "background",
+            [
+                *celery,
+                "worker",
+                "--loglevel",
+                "INFO",
+                "--queues",
+                "default",
+                "--hostname",
+                "background@%h",
                 "--concurrency",
                 "2",
             ],

@@ -30,7 +30,7 @@ SERVER_SECRETS = {
     "EMAIL_HOST_PASSWORD",
     "METRICS_BEARER_TOKEN",
 }
-LONG_RUNNING = {"web", "beat", "ingest"}
+LONG_RUNNING = {"web", "beat", "scheduler", "ingest", "background"}
 REAL_HOST = "routewatch.example.com"
 
 
@@ -110,13 +110,21 @@ def test_every_service_that_needs_the_schema_waits_for_migrate(rendered) -> None
 
 
 def test_workers_yield_the_cpu_to_the_web_between_containers(rendered) -> None:
-    """Nice values do not cross containers (each has its own CPU cgroup): ingest and region
-    workers carry a lower CPU weight than the web, which keeps Docker's default (1024)."""
+    """Nice values do not cross containers (each has its own CPU cgroup): the background worker
+    (overview rebuilds, retention) and region workers carry a lower CPU weight than the web,
+    which keeps Docker's default (1024). The tick and ingest, whose lag is a target, keep the
+    web's weight and priority, and consume nothing else."""
     services = _services(rendered)
     web = int(services["web"].get("cpu_shares", 1024))
-    workers = {"ingest", *_region_workers(rendered)}
-    for name in workers:
+    for name in {"background", *_region_workers(rendered)}:
         assert int(services[name].get("cpu_shares", 1024)) < web, name
+    for name, queue in (("scheduler", "schedule"), ("ingest", "ingest")):
+        assert int(services[name].get("cpu_shares", 1024)) == web, name
+        assert services[name]["environment"]["RW_WORKER_NICE"] == "0", name
+        command = services[name]["command"]
+        assert command[command.index("--queues") + 1] == queue, name
+    command = services["background"]["command"]
+    assert command[command.index("--queues") + 1] == "default"
 
 
 def test_postgres_is_the_embedded_major_and_redis_needs_a_password(rendered) -> None:
