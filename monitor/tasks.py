@@ -35,6 +35,7 @@ from monitor.pipeline import (
     clock,
     ingest,
     liveness,
+    outbox,
     queues,
     races,
     scenarios,
@@ -314,14 +315,32 @@ def run_probe_batch(batch: dict[str, Any]) -> int:
         log.error("refused a probe batch: %s", exc)
         return 0
     flush_spool()
+    tickets = [0]
 
     def send(results: list[ResultPayload]) -> None:
-        sealed = signing.seal_results(key_id, signing.KIND_RESULTS, results_to_json(results))
-        publish_or_spool("results", sealed, len(results))
+        tickets.append(RESULTS_OUTBOX.put(key_id, results))
 
-    # Results leave in chunks as their probes end (worker.run_batch), not all at the end.
+    # Results leave as their probes end (worker.run_batch), with every other batch's of this
+    # process (the outbox: one message per key every RESULT_FLUSH_SECONDS); the batch ends,
+    # and is acknowledged, once all of its own have left.
     with worker.holding():
-        return len(worker.run_batch(body, emit=send))
+        try:
+            return len(worker.run_batch(body, emit=send, every_s=HAND_OVER_SECONDS))
+        finally:
+            RESULTS_OUTBOX.wait(max(tickets))
+
+
+def _send_results(key_id: str, results: list[ResultPayload]) -> None:
+    sealed = signing.seal_results(key_id, signing.KIND_RESULTS, results_to_json(results))
+    publish_or_spool("results", sealed, len(results))
+
+
+# monitor.pipeline.outbox: a region worker process's results, from all of its batches.
+RESULTS_OUTBOX: outbox.Outbox[ResultPayload] = outbox.Outbox(
+    _send_results, float(settings.RESULT_FLUSH_SECONDS)
+)
+# How often a running batch hands its ended probes to the outbox (cheap: a list append).
+HAND_OVER_SECONDS = 0.25
 
 
 # Ingest tasks: a database error, or a region key whose secret cannot be decrypted (an

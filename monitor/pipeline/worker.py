@@ -433,6 +433,10 @@ def _reject_probe(exc: ContractError) -> None:
     log.error("rejected a probe message (left out of its batch): %s", exc)
 
 
+# A batch's thread hands its ended probes on at most this often (it wakes for them).
+MIN_HAND_OVER_S = 0.05
+
+
 def run_streaming(
     coro: Coroutine[Any, Any, T],
     timeout_s: float,
@@ -481,13 +485,15 @@ def run_streaming(
 
 
 def run_batch(
-    data: object, emit: Callable[[list[ResultPayload]], None] | None = None
+    data: object,
+    emit: Callable[[list[ResultPayload]], None] | None = None,
+    every_s: float | None = None,
 ) -> list[ResultPayload]:
     """Run one region batch (a ProbeBatch as JSON); returns one result payload per probe.
     A batch that does not match the contract is logged and dropped: its slots are recorded
     missed at their deadlines. With `emit`, results are also handed to it as they end, in
-    chunks every RESULT_FLUSH_SECONDS (ingest lag is then a second or so, not the batch's
-    whole spread of starts: one tick)."""
+    chunks every `every_s` seconds (RESULT_FLUSH_SECONDS unless given; at least 50 ms), so
+    ingest lag is a second or so, not the batch's whole spread of starts: one tick."""
     received_at = clock.now()
     try:
         batch = probe_batch_from_json(data, on_bad_probe=_reject_probe)
@@ -506,7 +512,7 @@ def run_batch(
         # Starts spread over the tick's window (no burst of simultaneous sends), as planned.
         planned = planned_starts(batch, len(prepared), received_at)
         bound = _bound_s(prepared, planned[-1] - clock.now())
-        if emit is None or settings.RESULT_FLUSH_SECONDS <= 0:
+        if emit is None:
             payloads.extend(run_on_loop(_probe_all(prepared, planned), bound))
         else:
             if payloads:
@@ -518,7 +524,10 @@ def run_batch(
                     bound,
                     ended,
                     emit,
-                    settings.RESULT_FLUSH_SECONDS,
+                    max(
+                        MIN_HAND_OVER_S,
+                        settings.RESULT_FLUSH_SECONDS if every_s is None else every_s,
+                    ),
                 )
             )
     elif emit is not None and payloads:
