@@ -62,7 +62,12 @@ def test_a_batch_waits_until_its_results_have_left() -> None:
     box: outbox.Outbox[int] = outbox.Outbox(received, HOUR)
     ticket = box.put("key", [1, 2])
     done = threading.Event()
-    waiter = threading.Thread(target=lambda: (box.wait(ticket), done.set()))
+
+    def acknowledge() -> None:
+        box.wait(ticket)
+        done.set()
+
+    waiter = threading.Thread(target=acknowledge)
     waiter.start()
     waiter.join(0.3)
     assert not done.is_set()  # its results are still here: it must not be acknowledged
