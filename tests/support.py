@@ -67,8 +67,25 @@ def region_worker(slug: str, name: str, concurrency: int = 50) -> list[str]:
     )  # fmt: skip
 
 
+# The longest a wait is stretched on a loaded machine (load_factor).
+MAX_LOAD_FACTOR = 4.0
+
+
+def load_factor() -> float:
+    """How much longer to wait for a condition on a loaded machine: the 1-minute load average
+    per CPU, between 1 and MAX_LOAD_FACTOR. At a load average of 17 on 2 cores, a Celery worker
+    took over 30 s to say "ready" and the fault suite failed on waits, not on what it checks;
+    a wait is a bound on a condition, never a measurement, and a passing test waits no longer."""
+    try:
+        per_cpu = os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:
+        return 1.0
+    return min(MAX_LOAD_FACTOR, max(1.0, per_cpu))
+
+
 def wait_until(condition: Callable[[], bool], timeout_s: float, interval_s: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout_s
+    """Poll `condition` until it holds or `timeout_s` (stretched by load_factor) has passed."""
+    deadline = time.monotonic() + timeout_s * load_factor()
     while time.monotonic() < deadline:
         if condition():
             return True

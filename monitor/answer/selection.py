@@ -9,7 +9,9 @@ A route qualifies when, in order:
   `min_pass_rate`, the route has at least Task.graded_needed() graded probes in the window (all
   regions together: quality does not depend on where you call from) and the whole 95% Wilson
   interval of its pass rate is at or above the bar (monitor.stats.confidence): 8 of 10 does
-  not clear 80%, it might be 49%.
+  not clear 80%, it might be 49%. The incumbent keeps clearing it until its whole interval is
+  below the bar, so a route whose rate sits near the bar does not take and lose the cell as
+  its interval's low end moves.
 - Availability: its error rate in this region, counting only failures that are the
   provider's or the network's (probes.errors.Kind.counts_against_provider), is not above
   Task.error_ceiling() with confidence (a route is out when the whole 95% Wilson interval of
@@ -141,8 +143,14 @@ class Choice:
         return bool(self.change)
 
 
-def quality_verdict(task: Task, route: Route, quality: Stats | None) -> tuple[bool, str, str]:
-    """(qualifies, reason, detail) on the quality bar alone."""
+def quality_verdict(
+    task: Task, route: Route, quality: Stats | None, *, incumbent: bool = False
+) -> tuple[bool, str, str]:
+    """(qualifies, reason, detail) on the quality bar alone. A pass rate qualifies a route when
+    its whole interval is at or above the bar; the incumbent keeps qualifying until its whole
+    interval is below it. Without that margin a route whose true rate sits near the bar (84%
+    against 80%, its interval's low end moving around 80% as samples come and go) took the
+    cell and lost it again every few minutes on `make run`."""
     if task.min_quality_index is not None and (
         route.quality_index is None or route.quality_index < task.min_quality_index
     ):
@@ -161,13 +169,14 @@ def quality_verdict(task: Task, route: Route, quality: Stats | None) -> tuple[bo
         rate = Rate(quality.passed, quality.graded)
         assert rate.low is not None
         assert rate.high is not None
-        if rate.low < task.min_pass_rate:
+        shown = f"pass rate {quality.passed}/{quality.graded} ({_pct(rate.low)}-{_pct(rate.high)})"
+        if incumbent and rate.high < task.min_pass_rate:
+            return False, REASON_QUALITY, f"{shown} surely below {_pct(task.min_pass_rate)}"
+        if not incumbent and rate.low < task.min_pass_rate:
             return (
                 False,
                 REASON_QUALITY,
-                f"pass rate {quality.passed}/{quality.graded} "
-                f"({_pct(rate.low)}-{_pct(rate.high)}) not surely at or above "
-                f"{_pct(task.min_pass_rate)}",
+                f"{shown} not surely at or above {_pct(task.min_pass_rate)}",
             )
     return True, "", ""
 
@@ -408,7 +417,9 @@ def choose(
             else NO_ESTIMATE
         )
         quality_stats = quality.get(route.pk)
-        ok, reason, detail = quality_verdict(task, route, quality_stats)
+        ok, reason, detail = quality_verdict(
+            task, route, quality_stats, incumbent=route.pk == incumbent
+        )
         if ok:
             ok, reason, detail = availability_verdict(task, region_stats, now)
         last = region_stats.last_probe_at if region_stats else None

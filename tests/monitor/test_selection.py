@@ -13,10 +13,11 @@ from tests.monitor import factories as f
 T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
 
 
-def _feed(t, r, g, n, *, e2e_ms, passed):
+def _feed(t, r, g, n, *, e2e_ms, passed, after_s=0):
+    at = T0 + timedelta(seconds=after_s)
     ingest.ingest(
         [
-            f.payload(t, r, g, T0 + timedelta(seconds=i), e2e_ms=e2e_ms, quality_pass=i < passed)
+            f.payload(t, r, g, at + timedelta(seconds=i), e2e_ms=e2e_ms, quality_pass=i < passed)
             for i in range(n)
         ]
     )
@@ -105,3 +106,44 @@ def test_an_external_quality_index_bar(world) -> None:
     choice = _choose(t, eu)
     assert choice.winner is not None
     assert choice.winner.route == slow
+
+
+def _choose_with(t, g, incumbent):
+    qs = rollups.rows(since=T0, until=T0 + timedelta(hours=1), grain=GRAIN_HOUR)
+    latency = {
+        k[0]: s for k, s in rollups.stats_by(qs.filter(task=t, region=g), ["route_id"]).items()
+    }
+    all_qs = rollups.rows(
+        since=T0, until=T0 + timedelta(hours=1), grain=GRAIN_HOUR, all_regions=True
+    )
+    quality = {k[0]: s for k, s in rollups.stats_by(all_qs.filter(task=t), ["route_id"]).items()}
+    routes = list(t.routes.order_by("pk"))
+    return selection.choose(t, routes, latency, quality, incumbent=incumbent)  # type: ignore[arg-type]
+
+
+def test_a_winner_near_the_quality_bar_keeps_its_cell_until_it_is_surely_below(world) -> None:
+    """Measured on `make run`: a route passing 84% of its graded probes against an 80% bar
+    (interval 80%-87%, its low end moving around 80% with each probe) took the cell when its
+    low end cleared the bar and lost it when it did not, every few minutes. A challenger needs
+    its whole interval at or above the bar; the winner keeps it until its whole interval is
+    below."""
+    t, fast, slow, _, eu = world
+    _feed(t, fast, eu, 100, e2e_ms=1000, passed=80)  # 80% (71%-87%): not surely at or above
+    _feed(t, slow, eu, 100, e2e_ms=5000, passed=100)
+    as_challenger = _choose_with(t, eu, incumbent=slow.pk)
+    assert as_challenger.winner is not None
+    assert as_challenger.winner.route == slow
+    reasons = {c.route: c.detail for c in as_challenger.candidates}
+    assert reasons[fast] == "pass rate 80/100 (71%-87%) not surely at or above 80%"
+
+    as_winner = _choose_with(t, eu, incumbent=fast.pk)
+    assert as_winner.winner is not None
+    assert as_winner.winner.route == fast  # not surely below: it keeps the cell
+
+    _feed(t, fast, eu, 100, e2e_ms=1000, passed=20, after_s=600)  # now 100/200 (43%-57%)
+    surely_below = _choose_with(t, eu, incumbent=fast.pk)
+    assert surely_below.winner is not None
+    assert surely_below.winner.route == slow
+    assert {c.route: c.detail for c in surely_below.candidates}[fast] == (
+        "pass rate 100/200 (43%-57%) surely below 80%"
+    )
