@@ -644,7 +644,7 @@ def run(ns: argparse.Namespace) -> int:
         # Close the window: every slot of it done or recorded missed (the sweep runs with
         # the tick, which has stopped: run it here once its deadlines have passed).
         from monitor.models import ProbeSlot
-        from monitor.pipeline import ingest
+        from monitor.pipeline.ingest import results as ingest
 
         # The window's last slots end by their deadline (the longest task's) and grace.
         wait_until = time.monotonic() + world.longest_timeout_s + ns.grace + 30

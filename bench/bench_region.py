@@ -115,7 +115,7 @@ def _drain(redis_url: str, ticker: Ticker, most_s: float) -> None:
 
 
 def _beacon_in_flight() -> int | None:
-    from monitor.pipeline import liveness
+    from monitor.pipeline.region import liveness
 
     found = liveness.live_workers() or {}
     beacons = found.get(REGION, [])

@@ -7,14 +7,14 @@ simulator's TOML, simulator/configs/demo.toml) the way the simulator draws a res
 prefill_tokens_per_s, a decode rate with its per-request jitter, reasoning before the answer as
 the model profile shapes the request (simulator.profiles), the provider's faults at their
 configured rates; plus the region's round trip. Slots, option combinations and eval cases are
-the scheduler's own (monitor.pipeline.slots), at a sparser interval, and every result goes
-through the real ingest path (monitor.pipeline.ingest.ingest), so rollups, hour strips and the
-reference flags are what live probes make. Races go through monitor.pipeline.races.ingest.
+the scheduler's own (monitor.pipeline.beat.slots), at a sparser interval, and every result goes
+through the real ingest path (monitor.pipeline.ingest.results.ingest), so rollups, hour strips and the
+reference flags are what live probes make. Races go through monitor.pipeline.ingest.races.ingest.
 
 A scenario task gets whole runs (hourly, and its last slots on its live schedule): its steps'
 calls drawn one after another on the route as probes.scenario makes them (each call's input
 the document plus the conversation so far, the step's token limit, the scenario's deadline
-stopping a call that would overrun it), stored as monitor.pipeline.scenarios.ingest_scenario
+stopping a call that would overrun it), stored as monitor.pipeline.ingest.scenarios.ingest_scenario
 stores one (a ScenarioResult, its calls as ProbeResult rows through ingest.insert_rows) and
 folded into the rollups by its `rollup_row`, a day of them at a time.
 
@@ -60,7 +60,13 @@ from monitor.models import (
     ScenarioResult,
     Task,
 )
-from monitor.pipeline import ingest, races, scenarios
+from monitor.pipeline.beat import races
+from monitor.pipeline.beat.scheduling import active_eval_cases
+from monitor.pipeline.beat.slots import EPOCH, assignment, options_for, phase_s, slot_number
+from monitor.pipeline.ingest import races as ingest_races
+from monitor.pipeline.ingest import results as ingest
+from monitor.pipeline.ingest import rows as ingest_rows
+from monitor.pipeline.ingest import scenarios
 from monitor.pipeline.messages import (
     LaneResult,
     RaceResult,
@@ -68,8 +74,6 @@ from monitor.pipeline.messages import (
     race_result_to_json,
     results_to_json,
 )
-from monitor.pipeline.scheduling import active_eval_cases
-from monitor.pipeline.slots import EPOCH, assignment, options_for, phase_s, slot_number
 from monitor.stats import rollups
 from probes import prompts
 from probes.errors import Kind
@@ -498,7 +502,7 @@ def _races(
 ) -> int:
     """Races every RACE_INTERVAL_S for tasks that race: each lane a draw with the task's
     reference options; the first valid answer wins, the others are cancelled at that moment
-    (probes.race). Claimed and stored through monitor.pipeline.races like live races."""
+    (probes.race). Claimed and stored through monitor.pipeline.beat.races like live races."""
     due: list[tuple[Task, Region, datetime]] = []
     for task in tasks:
         if task.race_interval_s is None or task.is_scenario:
@@ -537,7 +541,7 @@ def _races(
             "winner_ms": winner_ms,
             "lanes": lanes,
         }
-        count += races.ingest(race_result_to_json(result))
+        count += ingest_races.ingest(race_result_to_json(result))
     with transaction.atomic():
         RaceRun.objects.filter(slot_at__gte=start, slot_at__lt=end).update(generated=True)
     return count
@@ -579,7 +583,7 @@ def _lane(
 GAP_MS = 1.5
 RETURN_MS = 1.0
 VALIDATION_MS = 0.3
-_COLUMN = {name: i for i, name in enumerate(ingest.COLUMNS)}
+_COLUMN = {name: i for i, name in enumerate(ingest_rows.COLUMNS)}
 _TIMEOUTS = {Kind.TIMEOUT_HEADERS.value, Kind.TIMEOUT_FIRST_TOKEN.value, Kind.TIMEOUT_TOTAL.value}
 
 
@@ -591,7 +595,7 @@ def _tokens(text: str) -> int:
 
 @dataclass(frozen=True)
 class _Step:
-    """A scenario step as the route is sent it (monitor.pipeline.scenarios.scenario_message)."""
+    """A scenario step as the route is sent it (monitor.pipeline.beat.scenarios.scenario_message)."""
 
     calls: int  # 1, or a fan-out's
     document_tokens: int
@@ -666,7 +670,7 @@ class _Runs:
         n = slot_number(at, self.phase, self.interval_s)
         case = self.cases[n % len(self.cases)] if self.cases else None
         deadline_ms = task.probe_timeout_s * 1000.0
-        # monitor.pipeline.worker.spec_for: the first token within 3/4 of the deadline.
+        # monitor.pipeline.region.worker.spec_for: the first token within 3/4 of the deadline.
         first_token_ms = min(deadline_ms, max(5000.0, deadline_ms * 0.75))
         system_tokens = _tokens(task.system_prompt) + 8  # probes.scenario's framing allowance
         context = 0
@@ -743,7 +747,7 @@ class _Runs:
         return result, calls
 
     def _call(self, d: Draw, at: datetime, step: int, input_tokens: int) -> dict[str, Any]:
-        """A call's payload as monitor.pipeline.scenarios.run sends it (no slot of its own)."""
+        """A call's payload as monitor.pipeline.region.scenarios.run sends it (no slot of its own)."""
         call = payload(
             d,
             task=self.task,
@@ -812,7 +816,7 @@ def _write_scenarios(
         result, calls = runs.run(at, rng)
         if at + timedelta(milliseconds=result.app_e2e_ms or 0.0) > end:
             continue
-        rows = [ingest.row_from_payload(c, {runs.route.pk: runs.route}, end) for c in calls]
+        rows = [ingest_rows.row_from_payload(c, {runs.route.pk: runs.route}, end) for c in calls]
         _add_totals(result, rows)
         made.append((result, rows))
     if not made:

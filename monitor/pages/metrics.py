@@ -47,7 +47,7 @@ from monitor.answer import board
 from monitor.models import GRAIN_DAY, GRAIN_HOUR, Heartbeat, Region, Route, Task
 from monitor.pages import monitoring
 from monitor.pipeline import queues
-from monitor.pipeline.ingest import REJECTED_COUNTER
+from monitor.pipeline.ingest.results import REJECTED_COUNTER
 from monitor.stats import hist, rollups
 from monitor.stats.rollups import Stats
 from probes.errors import Kind

@@ -62,7 +62,7 @@ class ResultRow(NamedTuple):
     input_tokens: int | None
     output_tokens: int | None
     cost_usd: Decimal | None
-    # A scenario's result (monitor.pipeline.scenarios) folds in as one row with its app e2e;
+    # A scenario's result (monitor.pipeline.beat.scenarios) folds in as one row with its app e2e;
     # probe results have none (ingest reads the columns above only).
     app_e2e_ms: float | None = None
 

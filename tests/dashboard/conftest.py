@@ -1,8 +1,8 @@
 """Dashboard tests: users, and a small world probed for real against the simulator.
 
 `probed_world` configures providers pointing at a simulator process, builds each probe's
-message with the scheduler's own `probe_message` (monitor.pipeline.slots), runs the batch through the region worker's
-`run_batch` (real HTTP to the simulator) and stores the payloads with `monitor.pipeline.ingest.ingest`,
+message with the scheduler's own `probe_message` (monitor.pipeline.beat.slots), runs the batch through the region worker's
+`run_batch` (real HTTP to the simulator) and stores the payloads with `monitor.pipeline.ingest.results.ingest`,
 which writes the raw rows and the rollups the pages read. The measured payloads are kept for
 the session and re-keyed to each test's fresh rows, so only the first test pays for probing;
 their start times are spread over the last hours so charts have several points.
@@ -22,7 +22,9 @@ from django.test import override_settings
 from django.utils import timezone
 
 from monitor.models import EvalCase, Provider, Region, Route, Task
-from monitor.pipeline import ingest, slots, worker
+from monitor.pipeline.beat import slots
+from monitor.pipeline.ingest import results as ingest
+from monitor.pipeline.region import worker
 from simulator.testing import CONFIGS, SimulatorProcess
 
 PROBES_PER_CELL = 24  # enough for p95 (20 samples), deliberately short of p99 (100)

@@ -17,7 +17,8 @@ from django.utils import timezone
 
 from monitor import scenario_presets
 from monitor.models import ProbeResult, ProbeSlot, ScenarioResult
-from monitor.pipeline import ingest, scenarios
+from monitor.pipeline.ingest import results as ingest
+from monitor.pipeline.ingest import scenarios
 from tests.monitor import factories as f
 
 

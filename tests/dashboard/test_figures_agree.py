@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from monitor.answer import board
 from monitor.models import SLOT_DISPATCHED, ProbeSlot
-from monitor.pipeline import ingest
+from monitor.pipeline.ingest import results as ingest
 from tests.monitor import factories as f
 
 

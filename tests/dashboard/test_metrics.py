@@ -30,7 +30,8 @@ from monitor.models import (
     Route,
 )
 from monitor.pages import metrics
-from monitor.pipeline import ingest
+from monitor.pipeline.ingest import results as ingest
+from monitor.pipeline.ingest import retention as ingest_retention
 from monitor.pipeline.queues import known_queues
 from monitor.stats import hist, rollups
 from monitor.tasks import beat
@@ -176,7 +177,7 @@ def test_counters_never_go_down_across_new_results_late_results_and_retention(
     assert ingest.ingest([f.payload(task, route, probed_world.regions[0], two_days_ago)]) == 1
     # Retention deletes raw results older than a day (the late one: row by row, or with its
     # day's partition when that day has one); rollups stay.
-    ingest.delete_old_results(days=1)
+    ingest_retention.delete_old_results(days=1)
     assert not ProbeResult.objects.filter(started_at__lt=timezone.now() - timedelta(days=1))
     after = _counter_samples(scrape(reader))
     went_down = {k: (v, after.get(k)) for k, v in before.items() if after.get(k, -1) < v}

@@ -16,7 +16,7 @@ from django.test import Client
 from django.urls import reverse
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitor.pipeline import liveness
+from monitor.pipeline.region import liveness
 from monitor.tasks import beat
 from tests.dashboard.conftest import World
 from tests.promtool import promtool
@@ -159,7 +159,7 @@ def exported(client: Client, teammate: User, probed_world: World) -> set[str]:
     return names
 
 
-# Families that have samples only once a scenario task has run (monitor.pipeline.scenarios).
+# Families that have samples only once a scenario task has run (monitor.pipeline.beat.scenarios).
 ONLY_WITH_SCENARIOS = {"routewatch_app_e2e_seconds"}
 # Families that have samples only once live slots were probed (monitor.stats.health).
 ONLY_WITH_LIVE_SLOTS = {

@@ -17,7 +17,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from monitor.models import ProbeResult, RaceRun
-from monitor.pipeline import ingest
+from monitor.pipeline.ingest import results as ingest
 from tests.dashboard.conftest import World
 from tests.monitor import factories as f
 from tests.support import unfold_series

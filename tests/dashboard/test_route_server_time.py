@@ -11,7 +11,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from monitor.pipeline import ingest
+from monitor.pipeline.ingest import results as ingest
 from tests.monitor import factories as f
 
 

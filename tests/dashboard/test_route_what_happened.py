@@ -13,7 +13,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from monitor.models import ProbeResult
-from monitor.pipeline import ingest
+from monitor.pipeline.ingest import results as ingest
 from tests.monitor import factories as f
 
 

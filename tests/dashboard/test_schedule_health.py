@@ -17,8 +17,11 @@ from django.urls import reverse
 from django.utils import timezone
 
 from monitor.models import ProbeResult, Region, Task
-from monitor.pipeline import ingest, liveness, queues, scheduling, signing
-from monitor.pipeline.slots import Slot
+from monitor.pipeline import queues, signing
+from monitor.pipeline.beat import scheduling
+from monitor.pipeline.beat.slots import Slot
+from monitor.pipeline.ingest import results as ingest
+from monitor.pipeline.region import liveness
 from monitor.stats import health, hist
 from monitor.templatetags.rw import ms
 from tests.monitor import factories as f

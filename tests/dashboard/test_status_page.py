@@ -16,7 +16,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from monitor.models import ProbeResult, ProbeSlot, Region
-from monitor.pipeline import ingest, queues, scheduling, signing
+from monitor.pipeline import queues, signing
+from monitor.pipeline.beat import scheduling
+from monitor.pipeline.ingest import results as ingest
 from tests.monitor import factories as f
 
 

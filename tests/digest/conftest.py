@@ -37,7 +37,7 @@ from aiosmtpd.controller import Controller
 from django.contrib.auth.models import User
 
 from monitor.models import MONDAY, Region, Route, Subscription, Task
-from monitor.pipeline import ingest
+from monitor.pipeline.ingest import results as ingest
 from tests.monitor import factories as f
 
 # Monday 16 November 2026, 08:30 UTC: half an hour after a Monday 08:00 UTC digest fell due.

@@ -11,7 +11,7 @@ from monitor import scenario_presets
 from monitor.digest import report as digest
 from monitor.digest import sending
 from monitor.models import Subscription, Task
-from monitor.pipeline import ingest
+from monitor.pipeline.ingest import results as ingest
 from tests.digest.conftest import WEEK_END, Scenario
 from tests.monitor import factories as f
 

@@ -15,7 +15,7 @@ from django.db import transaction
 
 from monitor.answer import board, selection
 from monitor.models import SLOT_DISPATCHED, ProbeSlot, Task, WinnerChange
-from monitor.pipeline import ingest
+from monitor.pipeline.ingest import results as ingest
 from tests.monitor import factories as f
 
 T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)

@@ -25,7 +25,9 @@ from django.utils import timezone
 
 from monitor import celery_app, tasks
 from monitor.models import Heartbeat, ProbeResult, ProbeSlot, RegionKey
-from monitor.pipeline import ingest, scheduling, signing
+from monitor.pipeline import signing
+from monitor.pipeline.beat import scheduling
+from monitor.pipeline.ingest import results as ingest
 from monitor.pipeline.messages import RUN_PROBE_BATCH
 from simulator.testing import SimulatorProcess
 from tests import support

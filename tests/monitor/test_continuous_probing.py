@@ -20,7 +20,7 @@ from django.db.models import Count
 from devstack import embedded
 from devstack.stack import SERVER_ONLY_SECRETS
 from monitor.models import ProbeResult, ProbeSlot, Provider, Region, RegionKey, Route, Task
-from monitor.pipeline import ingest
+from monitor.pipeline.ingest import results as ingest
 from simulator.testing import CONFIGS, SimulatorProcess, free_port
 from tests import support
 from tests.processes import ProcessStack, running
@@ -175,7 +175,7 @@ def test_three_regions_three_routes_two_tasks_probe_once_per_slot(stack: Process
     print(f"outcomes of {results.count()} slots: {dict(outcomes)}")
     # Every slot is probed in time. (Earlier runs missed 0-7%: all were the first tick's
     # slots, created already past their 8 s deadline; a new schedule now starts with a slot
-    # it can still make, monitor.pipeline.slots.starts_later.)
+    # it can still make, monitor.pipeline.beat.slots.starts_later.)
     missed = [
         (s.region.slug, s.slot_at.isoformat(), s.created_at.isoformat())
         for s in ProbeSlot.objects.filter(status="missed").select_related("region")

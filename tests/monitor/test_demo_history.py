@@ -35,7 +35,8 @@ from monitor.models import (
 )
 from monitor.pages.common import HIDE_GENERATED_COOKIE
 from monitor.pages.common import demo_history as page_demo_history
-from monitor.pipeline import ingest
+from monitor.pipeline.ingest import results as ingest
+from monitor.pipeline.ingest import retention as ingest_retention
 from simulator.config import load
 from tests.support import unfold_series
 
@@ -201,7 +202,7 @@ def test_pages_read_its_span_from_one_row_kept_with_the_results(demo: float) -> 
     assert "monitor_proberesult" not in queries[0]["sql"]
 
     # Retention drops the history's oldest days: the span starts later, where the rows do.
-    ingest.delete_old_results(days=3)
+    ingest_retention.delete_old_results(days=3)
     start, last = _search()
     assert start is not None
     assert start > span.start

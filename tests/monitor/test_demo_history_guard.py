@@ -9,7 +9,8 @@ import pytest
 from django.utils import timezone
 
 from monitor.models import OUTCOME_OK, ProbeResult, ProbeSlot, RaceRun, ScenarioResult, Task
-from monitor.pipeline import ingest, scenarios
+from monitor.pipeline.ingest import results as ingest
+from monitor.pipeline.ingest import scenarios
 from tests.monitor.test_demo_history import _load_demo
 
 pytestmark = pytest.mark.django_db(transaction=True)

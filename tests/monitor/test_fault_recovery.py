@@ -33,7 +33,9 @@ from django.db.models import Count
 from devstack import embedded
 from monitor import tasks
 from monitor.models import ProbeResult, ProbeSlot, Provider, Region, RegionKey, Route, Task
-from monitor.pipeline import ingest, queues, scheduling, signing
+from monitor.pipeline import queues, signing
+from monitor.pipeline.beat import scheduling
+from monitor.pipeline.ingest import results as ingest
 from monitor.pipeline.messages import INGEST_QUEUE
 from simulator.testing import CONFIGS, SimulatorProcess
 from tests import support

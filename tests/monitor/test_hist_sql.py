@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from monitor.models import GRAIN_HOUR, ROW_QUANTILES, Rollup
-from monitor.pipeline import ingest
+from monitor.pipeline.ingest import results as ingest
 from monitor.stats import hist
 from tests.monitor import factories as f
 from tests.support import unfold_series

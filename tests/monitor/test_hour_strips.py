@@ -15,7 +15,7 @@ from django.db import connection
 from monitor.models import GRAIN_DAY, GRAIN_HOUR, HourStrip, Region, Rollup, Route, Task
 from monitor.pages import route as pages_route
 from monitor.pages.common import RANGES
-from monitor.pipeline import ingest
+from monitor.pipeline.ingest import results as ingest
 from monitor.stats import hist, rollups
 from tests.monitor import factories as f
 from tests.support import SERIES_METRICS, unfold_series

@@ -17,7 +17,7 @@ from django.core.management import CommandError, call_command
 from monitor.imports.base import ImportFileError
 from monitor.imports.fetch import fetch
 from monitor.models import ProbeResult, Provider, Route
-from monitor.pipeline import ingest
+from monitor.pipeline.ingest import results as ingest
 from tests.monitor import factories as f
 
 FIXTURE = Path(__file__).parent / "fixtures" / "imports" / "model_prices_and_context_window.json"

@@ -9,7 +9,8 @@ import time_machine
 
 from monitor.answer import selection
 from monitor.models import GRAIN_DAY, GRAIN_HOUR, ProbeResult, ProbeSlot, RaceRun, Rollup
-from monitor.pipeline import ingest
+from monitor.pipeline.ingest import results as ingest
+from monitor.pipeline.ingest import retention as ingest_retention
 from monitor.stats import hist, rollups
 from tests.monitor import factories as f
 
@@ -193,7 +194,7 @@ def test_retention_deletes_old_raw_rows_and_keeps_rollups(setup) -> None:
         RaceRun.objects.create(
             task=t, region=eu, slot_at=at, deadline_at=at + timedelta(minutes=5), status=status
         )
-    assert ingest.delete_old_results(days=90) == 1
+    assert ingest_retention.delete_old_results(days=90) == 1
     assert ProbeResult.objects.count() == 1
     assert Rollup.objects.filter(bucket_start__lt=old + timedelta(days=1)).exists()
     # Old closed races go with the raw rows; an open one waits for its sweep.
@@ -214,12 +215,12 @@ def test_retention_deletes_closed_slots_after_a_week_and_never_an_open_one(setup
             task=t, route=route, region=eu, slot_at=at, deadline_at=at, status=status
         )
     # Two per statement: the batching loop runs more than once.
-    assert ingest.delete_old_results(days=90, batch=2, slot_days=7) == 2
+    assert ingest_retention.delete_old_results(days=90, batch=2, slot_days=7) == 2
     left = sorted(ProbeSlot.objects.values_list("status", flat=True))
     assert left == ["dispatched", "done"]
     assert ProbeSlot.objects.get(status="done").slot_at > now - timedelta(days=7)
     # Raw results kept for fewer days than slots: slots go with them.
-    assert ingest.delete_old_results(days=5, slot_days=7) == 1
+    assert ingest_retention.delete_old_results(days=5, slot_days=7) == 1
     assert list(ProbeSlot.objects.values_list("status", flat=True)) == ["dispatched"]
 
 

@@ -17,7 +17,9 @@ import pytest
 from django.urls import reverse
 
 from monitor.models import GRAIN_HOUR, EvalCase, Heartbeat, ProbeResult, RaceRun, Rollup
-from monitor.pipeline import ingest, races
+from monitor.pipeline.ingest import races
+from monitor.pipeline.ingest import results as ingest
+from monitor.pipeline.ingest import rows as ingest_rows
 from monitor.stats import hist
 from tests.monitor import factories as f
 
@@ -71,7 +73,7 @@ def test_out_of_range_values_are_fitted_and_the_whole_batch_is_stored(setup) -> 
     assert counts.input_tokens == 2**31 - 1
     cut = rows[T0 + timedelta(minutes=13)]
     assert "\x00" not in cut.text
-    assert len(cut.text) == ingest.TEXT_LIMIT
+    assert len(cut.text) == ingest_rows.TEXT_LIMIT
     assert len(cut.error_kind) == 30
     assert len(cut.http_version) == 10
     assert _rejected() == 0

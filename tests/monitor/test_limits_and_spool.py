@@ -17,7 +17,7 @@ from django.core.exceptions import ValidationError
 
 from monitor import limits, tasks
 from monitor.models import Task
-from monitor.pipeline import spool, worker
+from monitor.pipeline.region import spool, worker
 
 
 def test_time_limits_all_follow_from_the_longest_probe_deadline() -> None:
@@ -133,7 +133,7 @@ def test_a_failed_publish_leaves_the_spool_as_it_was(spool_dir) -> None:
 
 
 def test_a_full_spool_drops_its_oldest_and_counts_them(spool_dir, caplog) -> None:
-    caplog.set_level(logging.ERROR, logger="monitor.pipeline.spool")
+    caplog.set_level(logging.ERROR, logger="monitor.pipeline.region.spool")
     for i in range(5):
         spool.save("results", [{"n": i}] * 2, 2)
     assert spool.pending() == 3

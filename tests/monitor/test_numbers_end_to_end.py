@@ -16,7 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from monitor.models import ProbeResult, Rollup
-from monitor.pipeline import ingest, slots, worker
+from monitor.pipeline.beat import slots
+from monitor.pipeline.ingest import results as ingest
+from monitor.pipeline.region import worker
 from tests.monitor import factories as f
 from tests.probes.loopback import LoopbackServer
 from tests.probes.test_numbers import HEADERS, _reply, case, header_values, usage_values

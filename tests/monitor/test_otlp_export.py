@@ -18,7 +18,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
-from monitor.pipeline import genai_otlp, ingest
+from monitor.pipeline.ingest import genai_otlp
+from monitor.pipeline.ingest import results as ingest
 from tests.monitor import factories as f
 
 T0 = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=10)

@@ -54,7 +54,7 @@ def test_the_overview_shows_the_fastest_qualifying_route_per_region(
 
     from django.utils import timezone
 
-    from monitor.pipeline import ingest
+    from monitor.pipeline.ingest import results as ingest
     from tests.monitor import factories as f
 
     p = f.provider()
@@ -86,7 +86,7 @@ def test_the_empty_overview_is_a_setup_checklist_with_live_status(
     from django.utils import timezone
 
     from monitor.models import Heartbeat, Provider, Region
-    from monitor.pipeline.ingest import region_heartbeat
+    from monitor.pipeline.ingest.results import region_heartbeat
 
     client.force_login(teammate)
     body = client.get(reverse("rw-overview")).content.decode()

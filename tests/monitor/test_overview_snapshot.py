@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from monitor.answer import board
 from monitor.models import STATUS_OK, STATUS_UNKNOWN, Heartbeat, OverviewSnapshot
-from monitor.pipeline import ingest
+from monitor.pipeline.ingest import results as ingest
 from monitor.tasks import refresh_overview
 from tests.monitor import factories as f
 

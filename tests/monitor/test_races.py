@@ -13,7 +13,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from monitor.models import EvalCase, RaceRun
-from monitor.pipeline import races, scheduling, worker
+from monitor.pipeline.beat import races, scheduling
+from monitor.pipeline.ingest import races as ingest_races
+from monitor.pipeline.region import worker
 from simulator.testing import SimulatorProcess
 from tests.monitor import factories as f
 from tests.sim_fixtures import OPENAI_KEY, sim  # noqa: F401 (fixture)
@@ -24,7 +26,7 @@ NOW = datetime(2026, 11, 2, 10, 0, 30, tzinfo=UTC)
 @pytest.fixture
 def world(db: None, settings):
     # A grace as long as the race interval: a new schedule's current race is never too late
-    # to start (monitor.pipeline.slots.starts_later), whatever its phase.
+    # to start (monitor.pipeline.beat.slots.starts_later), whatever its phase.
     settings.SLOT_GRACE_SECONDS = 300
     p = f.provider()
     routes = [f.route(p, f"m{i}") for i in range(3)]
@@ -91,8 +93,8 @@ def test_a_race_past_its_deadline_is_recorded_missed(world) -> None:
         races.deadline(t, at) for _, _, at in claimed
     }
     first_deadline = min(races.deadline(t, at) for _, _, at in claimed)
-    assert races.sweep_missed(first_deadline - timedelta(seconds=1)) == 0
-    assert races.sweep_missed(last_deadline + timedelta(seconds=1)) == 2
+    assert ingest_races.sweep_missed(first_deadline - timedelta(seconds=1)) == 0
+    assert ingest_races.sweep_missed(last_deadline + timedelta(seconds=1)) == 2
     assert set(RaceRun.objects.values_list("status", flat=True)) == {"missed"}
 
 
@@ -136,8 +138,8 @@ def test_a_race_against_real_routes_is_won_by_the_fastest_valid_answer_and_store
     lanes = result["lanes"]
     assert lanes[str(fast.pk)]["outcome"] == "ok"
     assert lanes[str(slow.pk)]["cancelled"] is True
-    assert races.ingest(result) is True
-    assert races.ingest(result) is False  # a redelivered result changes nothing
+    assert ingest_races.ingest(result) is True
+    assert ingest_races.ingest(result) is False  # a redelivered result changes nothing
     run = RaceRun.objects.get()
     assert run.status == "done"
     assert run.winner == fast

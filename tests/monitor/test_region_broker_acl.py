@@ -26,7 +26,8 @@ from django.utils import timezone
 
 from monitor import celery_app, tasks
 from monitor.models import RegionKey
-from monitor.pipeline import scheduling, signing
+from monitor.pipeline import signing
+from monitor.pipeline.beat import scheduling
 from monitor.pipeline.messages import RUN_PROBE_BATCH
 from simulator.testing import SimulatorProcess
 from tests import support

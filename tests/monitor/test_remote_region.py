@@ -37,7 +37,7 @@ from django.db import connection
 
 from devstack import embedded
 from monitor.models import ProbeResult, ProbeSlot, Provider, Region, RegionKey, Route, Task
-from monitor.pipeline import liveness
+from monitor.pipeline.region import liveness
 from simulator.testing import CONFIGS, SimulatorProcess, free_port
 from tests import support
 from tests.processes import ProcessStack, running

@@ -27,7 +27,8 @@ from django.utils import timezone
 
 from monitor import celery_app, tasks
 from monitor.models import RegionKey, Task
-from monitor.pipeline import queues, scheduling, signing
+from monitor.pipeline import queues, signing
+from monitor.pipeline.beat import scheduling
 from monitor.pipeline.messages import RUN_PROBE_BATCH
 from monitor.stats import spend
 from simulator.testing import SimulatorProcess

@@ -21,7 +21,8 @@ from django.utils import timezone
 
 from monitor import tasks
 from monitor.models import ProbeResult, ProbeSlot, Region, RegionKey, Task
-from monitor.pipeline import queues, scheduling, signing
+from monitor.pipeline import queues, signing
+from monitor.pipeline.beat import scheduling
 from monitor.pipeline.messages import INGEST_QUEUE
 from simulator.testing import CONFIGS, SimulatorProcess
 from tests import support

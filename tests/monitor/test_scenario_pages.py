@@ -24,7 +24,9 @@ from monitor.models import (
     ScenarioResult,
     Task,
 )
-from monitor.pipeline import ingest, scenarios
+from monitor.pipeline.ingest import results as ingest
+from monitor.pipeline.ingest import retention as ingest_retention
+from monitor.pipeline.ingest import scenarios
 from monitor.stats import rollups
 from tests.monitor import factories as f
 
@@ -282,7 +284,7 @@ def test_retention_deletes_old_scenarios_with_their_calls_and_keeps_rollups(worl
     assert scenarios.ingest_scenario(_payload(t, fast, region.pk, old, 2500.0, 4)) is not None
     kept = ScenarioResult.objects.count() - 1
     calls_kept = ProbeResult.objects.filter(scenario__isnull=False).count() - 4
-    assert ingest.delete_old_results(days=90) >= 1
+    assert ingest_retention.delete_old_results(days=90) >= 1
     assert ScenarioResult.objects.count() == kept
     assert not ScenarioResult.objects.filter(slot_at__lt=timezone.now() - timedelta(days=90))
     assert ProbeResult.objects.filter(scenario__isnull=False).count() == calls_kept

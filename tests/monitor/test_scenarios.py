@@ -28,7 +28,7 @@ from monitor.models import (
     ScenarioStep,
     Task,
 )
-from monitor.pipeline import scheduling
+from monitor.pipeline.beat import scheduling
 from simulator.testing import CONFIGS, SimulatorProcess
 from tests import support
 from tests.monitor import factories as f

@@ -30,9 +30,11 @@ from monitor.models import (
     ScenarioStep,
     Task,
 )
-from monitor.pipeline import ingest, liveness, scenarios, scheduling, worker
+from monitor.pipeline.beat import scenarios, scheduling
+from monitor.pipeline.beat.slots import Slot, probe_message
+from monitor.pipeline.ingest import results as ingest
 from monitor.pipeline.messages import ProbeBatch, probe_batch_to_json
-from monitor.pipeline.slots import Slot, probe_message
+from monitor.pipeline.region import liveness, worker
 from monitor.stats import health
 from simulator.testing import CONFIGS, SimulatorProcess
 from tests import support

@@ -6,7 +6,8 @@ from decimal import Decimal
 import pytest
 
 from monitor.models import ProbeSlot
-from monitor.pipeline import ingest, scheduling, slots
+from monitor.pipeline.beat import scheduling, slots
+from monitor.pipeline.ingest import results as ingest
 from tests.monitor import factories as f
 
 NOW = datetime(2026, 11, 2, 10, 0, 30, tzinfo=UTC)

@@ -6,7 +6,7 @@ import pytest
 
 from monitor.answer import selection
 from monitor.models import GRAIN_HOUR
-from monitor.pipeline import ingest
+from monitor.pipeline.ingest import results as ingest
 from monitor.stats import rollups
 from tests.monitor import factories as f
 

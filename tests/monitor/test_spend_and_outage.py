@@ -10,7 +10,8 @@ from decimal import Decimal
 import pytest
 
 from monitor.models import STEP_FAN_OUT, ProbeResult, ProbeSlot, ScenarioStep, Task
-from monitor.pipeline import ingest, scheduling
+from monitor.pipeline.beat import scheduling
+from monitor.pipeline.ingest import results as ingest
 from monitor.pipeline.messages import RUN_PROBE_BATCH
 from monitor.stats import spend
 from tests.monitor import factories as f

@@ -27,7 +27,12 @@ from django.utils import timezone
 
 from monitor.management.commands.load_demo import DEMO_CONFIG
 from monitor.models import ProbeResult, ProbeSlot, Route, ScenarioResult, Task
-from monitor.pipeline import ingest, scenarios, slots, worker
+from monitor.pipeline.beat import scenarios as beat_scenarios
+from monitor.pipeline.beat import slots
+from monitor.pipeline.ingest import results as ingest
+from monitor.pipeline.ingest import scenarios
+from monitor.pipeline.region import scenarios as region_scenarios
+from monitor.pipeline.region import worker
 from monitor.stats import spend
 from simulator.testing import CONFIGS, SimulatorProcess
 from tests.monitor import factories as f
@@ -87,7 +92,7 @@ def _probe(task: Task, route: Route, n: int, start: int) -> list[Decimal]:
         planned.append(slots.Slot(task, route, region, at))
     if steps:
         for slot in planned:
-            payload = scenarios.run(scenarios.scenario_message(slot, steps, cases))
+            payload = region_scenarios.run(beat_scenarios.scenario_message(slot, steps, cases))
             assert payload is not None
             stored = scenarios.ingest_scenario(dict(payload))
             assert stored is not None

@@ -32,7 +32,8 @@ from monitor.models import (
     Task,
     WinnerChange,
 )
-from monitor.pipeline import ingest, slots
+from monitor.pipeline.beat import slots
+from monitor.pipeline.ingest import results as ingest
 from monitor.stats import confidence, hist, rollups
 from monitor.stats.rollups import Stats
 from tests.monitor import factories as f

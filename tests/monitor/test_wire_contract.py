@@ -18,7 +18,10 @@ from django.utils import timezone
 from monitor import celery_app, tasks
 from monitor.crypto import encrypt_bound, origin_of
 from monitor.models import ProbeResult, RegionKey
-from monitor.pipeline import ingest, messages, races, scheduling, signing, slots, worker
+from monitor.pipeline import messages, signing
+from monitor.pipeline.beat import races, scheduling, slots
+from monitor.pipeline.ingest import results as ingest
+from monitor.pipeline.region import worker
 from probes.model import ProbeSpec
 from simulator.testing import SimulatorProcess
 from tests.monitor import factories as f
@@ -118,7 +121,7 @@ def test_the_tick_sends_what_was_planned_to_each_region_queue(world) -> None:
         for probe in signing.probe_messages(kind, env["body"]):
             assert probe["provider"]["api_key_token"].startswith(f"rwr1.{row.key_id}.")
             probe["provider"]["api_key_token"] = "(wrapped)"
-        # The expiry travels signed, judged by the worker in central time (monitor.pipeline.clock),
+        # The expiry travels signed, judged by the worker in central time (monitor.pipeline.region.clock),
         # never as Celery's own `expires`, which Celery judges by the worker's clock.
         assert expires is None
         opened.append((queue, task_name, env["body"], env["expires_at"]))

@@ -103,7 +103,7 @@ class Consumer:
 
 
 def health_path(spool_dir: Path) -> Path:
-    # Not *.json: the spool's own entries are (monitor.pipeline.spool).
+    # Not *.json: the spool's own entries are (monitor.pipeline.region.spool).
     return spool_dir / f"health-{socket.gethostname()}.state"
 
 

@@ -1,7 +1,7 @@
 """Which (task, route, region) slots are due, claimed once, and what to send for them.
 
 Each (task, route, region) probes every `task.probe_interval_s` seconds, at a phase of its own
-inside the interval (the arithmetic is monitor.pipeline.slots). A slot is created by
+inside the interval (the arithmetic is monitor.pipeline.beat.slots). A slot is created by
 INSERT ... ON CONFLICT DO NOTHING on its key, and only the beat that created it dispatches it:
 two beats ticking at once still send each slot once. Slots the scheduler could not create
 while it was down are created late and, once past their deadline, recorded missed by the
@@ -25,14 +25,8 @@ from django.utils import timezone
 
 from monitor import limits
 from monitor.models import EvalCase, ProbeSlot, Region, Route, Task
-from monitor.pipeline import ingest, races, scenarios
-from monitor.pipeline.messages import (
-    RUN_PROBE_BATCH,
-    Dispatch,
-    ProbeBatch,
-    probe_batch_to_json,
-)
-from monitor.pipeline.slots import (
+from monitor.pipeline.beat import races, scenarios
+from monitor.pipeline.beat.slots import (
     Slot,
     expires_at,
     in_time,
@@ -40,6 +34,13 @@ from monitor.pipeline.slots import (
     probe_message,
     slot_times,
     starts_later,
+)
+from monitor.pipeline.ingest.results import record_missed
+from monitor.pipeline.messages import (
+    RUN_PROBE_BATCH,
+    Dispatch,
+    ProbeBatch,
+    probe_batch_to_json,
 )
 from monitor.stats import spend
 
@@ -171,7 +172,7 @@ def plan(now: datetime | None = None) -> list[Dispatch]:
         # Too late to make their deadline (the scheduler was down): recorded missed at once,
         # never sent, never paid for.
         late = [s for s in claimed if not in_time(s.slot_at, now)]
-        ingest.record_missed(
+        record_missed(
             [(s.task.pk, s.route.pk, s.region.pk, s.slot_at) for s in late],
             now,
             "not sent: the slot was created too late for its probe deadline (scheduler down)",
@@ -182,7 +183,7 @@ def plan(now: datetime | None = None) -> list[Dispatch]:
     for slot in claimed:
         if not in_time(slot.slot_at, now):
             continue
-        if slot.task.is_scenario:  # a whole application run each (monitor.pipeline.scenarios)
+        if slot.task.is_scenario:  # a whole application run each (monitor.pipeline.beat.scenarios)
             scenario_slots.append(slot)
         else:
             by_region[slot.region].append(slot)
@@ -192,7 +193,7 @@ def plan(now: datetime | None = None) -> list[Dispatch]:
             "region": region.slug,
             "probes": [probe_message(s, cases[s.task.pk]) for s in slots],
             # Starts spread over one tick from now: what each probe's start lag is measured
-            # against (monitor.pipeline.worker.planned_starts).
+            # against (monitor.pipeline.region.worker.planned_starts).
             "planned_at": time.time(),
             "window_s": float(min(settings.TICK_SECONDS, limits.BATCH_SPREAD_MAX_S)),
         }

@@ -46,7 +46,7 @@ from typing import Any
 
 from celery.signals import task_postrun
 
-from monitor.pipeline import spool
+from monitor.pipeline.region import spool
 
 log = logging.getLogger(__name__)
 

@@ -27,27 +27,21 @@ with it every probe of that region's tick, on every tick):
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from decimal import Decimal, InvalidOperation
-from functools import cache, partial
+from functools import partial
 from typing import Any, cast
 
-from django.conf import settings
 from django.db import (
     DatabaseError,
     InterfaceError,
     OperationalError,
     connection,
-    models,
     transaction,
 )
 from django.db.models import F
 from django.utils import timezone
 
-from monitor import partitions
 from monitor.models import (
     BODY_JSON,
     OUTCOME_MISSED,
@@ -60,11 +54,12 @@ from monitor.models import (
     Heartbeat,
     ProbeResult,
     ProbeSlot,
-    RaceRun,
     Route,
     Task,
 )
-from monitor.pipeline import genai_otlp, signing
+from monitor.pipeline import signing
+from monitor.pipeline.ingest import genai_otlp
+from monitor.pipeline.ingest.rows import COLUMNS, BadPayload, row_from_payload
 from monitor.pipeline.messages import (
     ContractError,
     ResultPayload,
@@ -77,185 +72,32 @@ from probes.errors import Kind
 
 log = logging.getLogger(__name__)
 
-TEXT_LIMIT = 4000
-DETAIL_LIMIT = 500
-# PostgreSQL `integer`: the range of the count columns (PositiveIntegerField and IntegerField).
-INT_MAX = 2**31 - 1
+
 # The Heartbeat row counting results (and race results) rejected at ingest.
 REJECTED_COUNTER = "ingest-rejected"
+
+
 # Errors that say the database is unavailable (connection lost, server restarting, a deadlock
 # or a cancelled statement), not that it refuses a row: never counted as rejections, they
 # propagate so the ingest task retries the whole message (monitor.tasks).
 UNAVAILABLE = (OperationalError, InterfaceError)
 
-_FIELDS: list[models.Field[Any, Any]] = [
-    f for f in ProbeResult._meta.concrete_fields if f.name != "id"
-]
-COLUMNS = [f.column for f in _FIELDS]
-# Each column's value when a payload leaves it out: the model's default ("" for text without
-# one), except callable defaults (started_at's now(), set per batch instead).
-_DEFAULTS: dict[str, Any] = {
-    f.attname: (None if f.has_default() and callable(f.default) else f.get_default())
-    for f in _FIELDS
-}
-# Longer text is cut to these (the answer is kept for grading and the probe log, not whole).
-_TEXT_LIMITS = {"text": TEXT_LIMIT, "error_detail": DETAIL_LIMIT}
+
 _KEY = [COLUMNS.index(c) for c in ("task_id", "route_id", "region_id", "slot_at")]
+
+
 _OUTCOME = COLUMNS.index("outcome")
+
+
 _STARTED, _GENERATED = COLUMNS.index("started_at"), COLUMNS.index("generated")
+
+
 _LAG = COLUMNS.index("start_lag_ms")
+
 
 # What the rollups need from each inserted row (RETURNING these columns; app e2e is a
 # scenario's, not a column).
 _ROLLED = [f for f in ResultRow._fields if f != "app_e2e_ms"]
-
-
-class BadPayload(ValueError):
-    """A result payload that cannot be stored (named field, reason; never the value)."""
-
-
-@dataclass(frozen=True)
-class _Column:
-    """What a ProbeResult column accepts, read off the model once."""
-
-    attname: str
-    kind: str  # "int", "float", "decimal", "bool", "text", "datetime"
-    null: bool
-    low: int = 0  # integers: the column's range
-    high: int = 0
-    foreign_key: bool = False
-    max_length: int | None = None  # text
-    decimal_max: Decimal = Decimal(0)  # decimals: the first magnitude that does not fit
-
-
-_KINDS = {
-    "FloatField": "float",
-    "BooleanField": "bool",
-    "CharField": "text",
-    "TextField": "text",
-    "DateTimeField": "datetime",
-}
-
-
-@cache
-def _columns() -> dict[str, _Column]:
-    # Built on first use, not at import: a region worker imports this module (through
-    # monitor.tasks) without any database configured.
-    ranges = connection.ops.integer_field_range
-    out = {}
-    for f in _FIELDS:
-        internal = f.get_internal_type()
-        if isinstance(f, models.ForeignKey):
-            low, high = ranges(f.target_field.get_internal_type())
-            out[f.attname] = _Column(f.attname, "int", f.null, low, high, foreign_key=True)
-        elif internal.endswith("IntegerField"):
-            low, high = ranges(internal)
-            out[f.attname] = _Column(f.attname, "int", f.null, low, high)
-        elif isinstance(f, models.DecimalField):
-            top = Decimal(10) ** (f.max_digits - f.decimal_places)
-            out[f.attname] = _Column(f.attname, "decimal", f.null, decimal_max=top)
-        elif internal in _KINDS:
-            limit = _TEXT_LIMITS.get(f.attname, f.max_length)
-            out[f.attname] = _Column(f.attname, _KINDS[internal], f.null, max_length=limit)
-        else:  # a column type this module does not know how to check: refuse to guess
-            raise TypeError(f"ingest: no check for {f.attname} ({internal})")
-    return out
-
-
-def _bounded(value: str, limit: int | None) -> str:
-    text = value.replace("\x00", "")  # PostgreSQL text cannot hold NUL
-    if limit is None or len(text) <= limit:
-        return text
-    return text[: limit - 1] + "…"
-
-
-def _fit(column: _Column, value: Any) -> Any:
-    """The value as its column can store it; BadPayload when its type is wrong.
-
-    Integers outside the column's range (PostgreSQL `integer` for counts and rate-limit
-    headers, `bigint` for ids): above it, clamped to the top (the reading was at least that:
-    2**40 tokens of headroom stays "more than we can count"); below it, null (a negative
-    count is no reading; 0 would claim one, and cached_tokens 0 means "reported, no hit").
-    An id out of range is refused. Floats: NaN and infinities are null. Decimals that do not
-    fit are null (cost is then worked out from the route's prices). Text is cut."""
-    if value is None:
-        return None
-    kind = column.kind
-    if kind == "int":
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise BadPayload(f"{column.attname}: expected an integer, got {type(value).__name__}")
-        if column.low <= value <= column.high:
-            return value
-        if column.foreign_key:
-            raise BadPayload(f"{column.attname}: out of range")
-        return column.high if value > column.high else None
-    if kind == "float":
-        if not isinstance(value, int | float) or isinstance(value, bool):
-            raise BadPayload(f"{column.attname}: expected a number, got {type(value).__name__}")
-        return float(value) if math.isfinite(value) else None
-    if kind == "decimal":
-        if isinstance(value, bool) or not isinstance(value, int | float | str | Decimal):
-            raise BadPayload(f"{column.attname}: expected a number, got {type(value).__name__}")
-        try:
-            number = Decimal(str(value))
-        except InvalidOperation:
-            raise BadPayload(f"{column.attname}: not a number") from None
-        return number if number.is_finite() and abs(number) < column.decimal_max else None
-    if kind == "bool":
-        if not isinstance(value, bool):
-            raise BadPayload(
-                f"{column.attname}: expected true or false, got {type(value).__name__}"
-            )
-        return value
-    if kind == "text":
-        if not isinstance(value, str):
-            raise BadPayload(f"{column.attname}: expected a string, got {type(value).__name__}")
-        return _bounded(value, column.max_length)
-    # datetime
-    if isinstance(value, datetime):
-        return value
-    if not isinstance(value, str):
-        raise BadPayload(f"{column.attname}: expected a time, got {type(value).__name__}")
-    try:
-        return datetime.fromisoformat(value)
-    except ValueError:
-        raise BadPayload(f"{column.attname}: not an ISO 8601 time") from None
-
-
-def row_from_payload(
-    payload: Mapping[str, Any], prices: Mapping[int, Route], now: datetime
-) -> tuple[Any, ...]:
-    """The row for one result, every value fitted to its column (see `_fit`). Keys that are not
-    columns are ignored; a column the payload leaves out (or nulls, when the column cannot be
-    null) gets the column's default."""
-    columns = _columns()
-    values = dict(_DEFAULTS)
-    values["started_at"] = now
-    for name, value in payload.items():
-        column = columns.get(name)
-        if column is None:
-            continue
-        fitted = _fit(column, value)
-        if fitted is not None or column.null:
-            values[name] = fitted
-    if values["route_id"] is None or values["region_id"] is None:
-        raise BadPayload("route_id and region_id are required")
-    # Cost is ours to work out, from the tokens and the route's prices: a worker's figure is
-    # never trusted (it could hide spend from the cap).
-    route = prices.get(values["route_id"])
-    values["cost_usd"] = (
-        _fit(
-            columns["cost_usd"],
-            route.cost_usd(
-                values["input_tokens"] or 0, values["output_tokens"] or 0, values["cached_tokens"]
-            ),
-        )
-        if route is not None
-        else None
-    )
-    return tuple(values[f.attname] for f in _FIELDS)
 
 
 # A measured result replaces its slot's `missed` row when it was measured inside the slot's
@@ -291,6 +133,8 @@ WHERE (s.task_id, s.route_id, s.region_id, s.slot_at) IN (
   SELECT task_id, route_id, region_id, slot_at FROM rw_ingest WHERE slot_at IS NOT NULL)
 ORDER BY s.id FOR UPDATE OF s
 """
+
+
 _INSERT_NEW = """
 INSERT INTO {table} ({columns})
 SELECT {columns} FROM (
@@ -305,6 +149,8 @@ WHERE i.slot_at IS NULL OR NOT EXISTS (
     AND p.started_at >= i.slot_at - interval '1 day' AND p.started_at < i.slot_at + interval '1 day')
 ON CONFLICT DO NOTHING RETURNING {rolled}
 """
+
+
 SLOT_SPREAD = timedelta(days=1)
 
 
@@ -637,7 +483,7 @@ SlotKey = tuple[int, int, int, datetime]  # (task_id, route_id, region_id, slot_
 
 def take_back_missed(key: SlotKey) -> int:
     """A slot's `missed` row goes, and leaves the rollups: its late result, measured in time,
-    replaces it (a scenario's, monitor.pipeline.scenarios; single probes do this inside
+    replaces it (a scenario's, monitor.pipeline.beat.scenarios; single probes do this inside
     insert_rows). A missed row starts at its slot, so one partition is read. Must run inside a
     transaction holding the slot's lock."""
     task_id, route_id, region_id, slot_at = key
@@ -700,66 +546,3 @@ def sweep_missed(now: datetime | None = None, limit: int = 5000) -> int:
             now,
             "no result arrived by the slot's deadline",
         )
-
-
-def delete_old_results(days: int, batch: int = 20_000, slot_days: int | None = None) -> int:
-    """Retention: raw results older than `days` go (whole daily partitions dropped, rows of the
-    other partitions deleted: monitor.partitions), with scenario results and closed races;
-    closed slots after `slot_days` (settings.SLOT_RETENTION_DAYS), at most `days`; rollups
-    stay. Returns how many rows were deleted row by row (dropped partitions are logged)."""
-    now = timezone.now()
-    cutoff = now - timedelta(days=days)
-    done = partitions.drop_expired(cutoff, batch)
-    if done.dropped:
-        log.info("retention dropped partitions %s", ", ".join(done.dropped))
-    # A scenario started before the cutoff goes with its calls, some of which started after it.
-    scenario_rows = _delete_old_scenarios(cutoff, batch)
-    if (done.dropped or done.deleted or scenario_rows) and GeneratedSpan.objects.exists():
-        GeneratedSpan.refresh()  # some of the generated history may have gone
-    kept_days = min(days, slot_days if slot_days is not None else settings.SLOT_RETENTION_DAYS)
-    slots = _delete_closed_slots(now - timedelta(days=kept_days), batch)
-    RaceRun.objects.filter(slot_at__lt=cutoff).exclude(status=SLOT_DISPATCHED).delete()
-    health.drop_before(now - timedelta(days=min(days, health.KEPT_DAYS)))
-    return done.deleted + slots + scenario_rows
-
-
-_DELETE_SLOTS = """
-DELETE FROM monitor_probeslot WHERE id IN (
-  SELECT id FROM monitor_probeslot WHERE slot_at < %s AND status <> %s LIMIT %s)
-"""
-
-
-def _delete_closed_slots(cutoff: datetime, batch: int) -> int:
-    """Closed slots older than the cutoff, `batch` per transaction (an hour's worth at 3,600
-    combinations a minute is 216,000): short locks, and autovacuum reuses the space. A
-    combination whose last slot went starts a new schedule when probed again
-    (monitor.pipeline.slots.starts_later). Open slots wait for the sweep."""
-    deleted = 0
-    while True:
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(_DELETE_SLOTS, [cutoff, SLOT_DISPATCHED, batch])
-            n = int(cursor.rowcount)
-        deleted += n
-        if n < batch:
-            return deleted
-
-
-_DELETE_SCENARIOS = """
-WITH old AS (SELECT id FROM monitor_scenarioresult WHERE slot_at < %s ORDER BY slot_at LIMIT %s),
-calls AS (DELETE FROM monitor_proberesult WHERE scenario_id IN (SELECT id FROM old))
-DELETE FROM monitor_scenarioresult WHERE id IN (SELECT id FROM old)
-"""
-
-
-def _delete_old_scenarios(cutoff: datetime, batch: int) -> int:
-    """Scenario results older than the cutoff, with what is left of their calls (most went
-    with their day's partition), `batch` at a time; rollups keep their app e2e. Returns how
-    many scenarios went."""
-    deleted = 0
-    while True:
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(_DELETE_SCENARIOS, [cutoff, batch])
-            n = int(cursor.rowcount)
-        deleted += n
-        if n < batch:
-            return deleted

@@ -4,7 +4,7 @@ Each (task, route, region) probes every `task.probe_interval_s` seconds at a pha
 inside the interval (a stable hash), so probes spread out instead of firing together; a race
 does the same per (task, region), with route 0 in the hash. A slot's number (whole intervals
 since EPOCH) picks its option combination and eval case (`assignment`), independently.
-Which slots are due and who claims them is monitor.pipeline.scheduling's business.
+Which slots are due and who claims them is monitor.pipeline.beat.scheduling's business.
 """
 
 from __future__ import annotations

@@ -33,7 +33,6 @@ from monitor import limits
 from monitor.logfilters import register_secret
 from monitor.models import ProbeResult as ResultModel
 from monitor.models import aws_credentials
-from monitor.pipeline import clock
 from monitor.pipeline.messages import (
     ContractError,
     EvalSpec,
@@ -45,6 +44,7 @@ from monitor.pipeline.messages import (
     probe_batch_from_json,
     race_message_from_json,
 )
+from monitor.pipeline.region import clock
 from monitor.pipeline.signing import SecretRefused, open_secret
 from probes.errors import Kind
 from probes.graders import GraderError
@@ -366,7 +366,7 @@ def error_payload(message: ProbeMessage, kind: str, detail: str) -> ResultPayloa
 
 
 def _central_now() -> datetime:
-    """Now by the central clock (monitor.pipeline.clock): what ingest judges a start by."""
+    """Now by the central clock (monitor.pipeline.region.clock): what ingest judges a start by."""
     return datetime.fromtimestamp(clock.now(), UTC)
 
 
@@ -531,7 +531,7 @@ async def _race(
 ) -> tuple[datetime, probes.RaceResult]:
     """Race the lanes (route id -> (message, spec)); the first complete answer that passes
     the eval case (when there is one) wins."""
-    # Every lane carries the same request, so the same eval case (monitor.pipeline.races).
+    # Every lane carries the same request, so the same eval case (monitor.pipeline.beat.races).
     case = next((message["eval"] for message, _ in lanes.values()), None)
 
     def valid(result: EngineResult) -> bool:
@@ -544,7 +544,7 @@ async def _race(
 
 def run_race(data: object) -> RaceResult | None:
     """Run one race (a RaceMessage as JSON); returns its result for
-    monitor.pipeline.races.ingest, or None for a message that does not match the contract
+    monitor.pipeline.ingest.races.ingest, or None for a message that does not match the contract
     (logged; the race is recorded missed at its deadline)."""
     try:
         message = race_message_from_json(data)
