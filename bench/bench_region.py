@@ -42,20 +42,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import mixes, probe_stats  # noqa: E402
-from bench.bench_load import (  # noqa: E402
-    PY,
-    SERVER_ONLY_SECRETS,
-    Proc,
-    _cpu,
-    _free_port,
-    _p,
-    _recreate,
-    _rss,
-    _schedstat,
-    _tree,
-    _used,
-    region_pool_args,
-)
+from bench.bench_load import PY, SERVER_ONLY_SECRETS, _recreate, region_pool_args  # noqa: E402
+from bench.load_pages import _schedstat  # noqa: E402
+from bench.load_procs import Proc, _cpu, _free_port, _rss, _tree, _used  # noqa: E402
+from bench.load_report import _p  # noqa: E402
 
 BENCH_DB = "routewatch_bench_region"
 REGION = "k0"
