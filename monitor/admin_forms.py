@@ -13,7 +13,7 @@ from django import forms
 from django.core.files.uploadedfile import UploadedFile
 
 from monitor import headers, presets
-from monitor.imports import evals
+from monitor.imports import eval_cases
 from monitor.imports.base import MAX_IMPORT_BYTES, ImportFileError
 from monitor.models import (
     BODY_ENCODINGS,
@@ -52,7 +52,7 @@ def uploaded(upload: UploadedFile | None) -> bytes | None:
 class EvalImportForm(_ImportForm):
     file = forms.FileField(help_text="CSV, JSONL (OpenAI evals input/ideal) or promptfoo YAML.")
     format = forms.ChoiceField(
-        choices=[("", "by file extension")] + [(f, f) for f in evals.FORMATS], required=False
+        choices=[("", "by file extension")] + [(f, f) for f in eval_cases.FORMATS], required=False
     )
     grader = forms.ChoiceField(
         choices=GRADERS,
