@@ -39,7 +39,7 @@ from monitor.pipeline.beat.slots import phase_s, slot_number
 from monitor.pipeline.ingest import results as ingest
 from monitor.pipeline.ingest import rows as ingest_rows
 from monitor.pipeline.ingest import scenarios
-from monitor.stats import rollups
+from monitor.stats import rollup_writes
 from probes.errors import Kind
 from probes.scenario import MIN_CALL_S
 from simulator.generation import Shape, lognormal_factor
@@ -322,7 +322,7 @@ def write_scenarios(
         started = [row[_COLUMN["started_at"]] for row in linked]
         if started:  # the pages' one-row record of the generated history (as ingest keeps it)
             GeneratedSpan.widen(min(started), max(started))
-        rollups.apply([scenarios.rollup_row(result) for result in stored])
+        rollup_writes.apply([scenarios.rollup_row(result) for result in stored])
     return len(stored), len(inserted)
 
 

@@ -43,7 +43,7 @@ from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 
 from monitor.models import OUTCOME_OK, Region, Route, Task
-from monitor.stats.rollups import ResultRow
+from monitor.stats.rollup_writes import ResultRow
 
 log = logging.getLogger(__name__)
 

@@ -66,8 +66,8 @@ from monitor.pipeline.messages import (
     result_key,
     result_payload_from_json,
 )
-from monitor.stats import health, rollups
-from monitor.stats.rollups import ResultRow
+from monitor.stats import health, rollup_writes
+from monitor.stats.rollup_writes import ResultRow
 from probes.errors import Kind
 
 log = logging.getLogger(__name__)
@@ -204,7 +204,7 @@ def insert_rows(rows: Sequence[tuple[Any, ...]]) -> list[ResultRow]:
                 )
                 replaced = [ResultRow(*r) for r in cursor.fetchall()]
                 if replaced:
-                    rollups.retract(replaced)
+                    rollup_writes.retract(replaced)
                     health.count(replaced, sign=-1)
             cursor.execute(
                 _INSERT_NEW.format(
@@ -464,7 +464,7 @@ def ingest(
         _set_slot_status(
             [r for r in inserted if r.outcome == OUTCOME_MISSED], SLOT_MISSED, only_open=False
         )
-        rollups.apply(inserted)
+        rollup_writes.apply(inserted)
         # The schedule's health counts live slots only, never generated history.
         live = {tuple(row[i] for i in _KEY): row[_LAG] for row in rows if not row[_GENERATED]}
         health.count(
@@ -496,7 +496,7 @@ def take_back_missed(key: SlotKey) -> int:
         )
         replaced = [ResultRow(*r) for r in cursor.fetchall()]
     if replaced:
-        rollups.retract(replaced)
+        rollup_writes.retract(replaced)
         health.count(replaced, sign=-1)
     return len(replaced)
 
@@ -523,7 +523,7 @@ def record_missed(keys: Sequence[SlotKey], now: datetime, detail: str) -> int:
     ]
     inserted = insert_rows(rows)
     _set_slot_status(inserted, SLOT_MISSED, only_open=False)
-    rollups.apply(inserted)
+    rollup_writes.apply(inserted)
     health.count(inserted)
     return len(inserted)
 

@@ -34,8 +34,8 @@ from monitor.pipeline.messages import (
     ScenarioPayload,
     scenario_payload_from_json,
 )
-from monitor.stats import health, rollups
-from monitor.stats.rollups import ResultRow
+from monitor.stats import health, rollup_writes
+from monitor.stats.rollup_writes import ResultRow
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +168,7 @@ def ingest_scenario(
             # measured in time: the real result replaces the missed one, in the rollups too.
             take_back_missed((slot.task_id, slot.route_id, slot.region_id, slot.slot_at))
         ProbeSlot.objects.filter(pk=slot.pk).update(status=SLOT_DONE)
-        rollups.apply([rollup_row(scenario)])
+        rollup_writes.apply([rollup_row(scenario)])
         if from_region is not None:  # a live slot of the schedule (monitor.stats.health)
             health.count([rollup_row(scenario)])
     return scenario
