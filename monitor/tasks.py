@@ -215,7 +215,7 @@ def _version() -> str:
 def _stop_for_restart(reason: str) -> None:
     """Exit so the supervisor starts this worker again: a warm shutdown, then a hard exit
     after 3 s (a consumer broken this way can hang its own shutdown: seen after a TCP reset
-    and after a cut, tests/monitor/test_remote_region.py); results already sent are kept, the rest of its
+    and after a cut, tests/monitor/pipeline/test_remote_region.py); results already sent are kept, the rest of its
     running batches are recorded missed at their deadlines."""
     log.error("%s; exiting so that its supervisor restarts it", reason)
     threading.Timer(3.0, os._exit, args=(75,)).start()

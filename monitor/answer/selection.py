@@ -35,7 +35,7 @@ below every one of the incumbent's (confidence.all_below; five below five is eno
 the intervals say). Routes whose intervals overlap the winner's are "tied within noise". Two
 routes 1% apart therefore never swap back and forth, and a route 30% faster (lognormal spread,
 sigma 0.3) takes over after a median of about 10 of its probes in the window, within 30 in 95%
-of cases (tests/monitor/test_trust.py measures both; docs/answer.md).
+of cases (tests/monitor/answer/test_trust.py measures both; docs/answer.md).
 
 Silence is not evidence: a route with no probe of its own for Task.stale_after() (its slots
 missed by our workers, or not scheduled) keeps its figures here, marked stale, with the facts

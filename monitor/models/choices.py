@@ -13,7 +13,7 @@ WIRE_AZURE = "azure"
 WIRE_RESPONSES = "responses"
 WIRE_GEMINI = "gemini"
 WIRE_BEDROCK = "bedrock"
-# The keys are probes.formats.WIRE_FORMATS' (tests/monitor/test_route_settings.py holds them
+# The keys are probes.formats.WIRE_FORMATS' (tests/monitor/models/test_route_settings.py holds them
 # equal); the labels are the admin's.
 WIRE_FORMATS = [
     (WIRE_OPENAI, "OpenAI Chat Completions"),

@@ -46,7 +46,7 @@ class Counters:
     """The rollup columns that add up: over probes at ingest (the UPSERT adds them to a row's),
     over rows when reading. Declared here once: the UPSERT's columns and sums, the reads' sums,
     the ingest delta and Stats all derive from it (COUNTERS). The Rollup model's fields of the
-    same names are the table's schema (tests/monitor/test_domain_rules.py pins the two)."""
+    same names are the table's schema (tests/monitor/models/test_domain_rules.py pins the two)."""
 
     count_ok: int = 0
     count_error: int = 0

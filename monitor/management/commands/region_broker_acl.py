@@ -28,7 +28,7 @@ from monitor.models import Region
 # Commands by category: the key patterns below are what limit a region's reach; these keep out
 # what no worker sends (server administration, KEYS, SCAN, FLUSHALL, CONFIG, DEBUG...).
 # Checked by running a real region worker under this user with `ACL LOG` empty
-# (tests/monitor/test_region_broker_acl.py).
+# (tests/monitor/management/test_region_broker_acl.py).
 COMMANDS = (
     "-@all",
     "+@read",
