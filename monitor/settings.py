@@ -20,7 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from monitor import limits
 from monitor.crypto import fernet_key_is_valid
-from monitor.env import ConfigError, envbool, envint, envlist, envsecret, envstr
+from monitor.env import SettingsError, envbool, envint, envlist, envsecret, envstr
 
 # The type parameters django-stubs gives Django's classes (ModelAdmin[Task], ModelForm[Task])
 # work at run time too; before any model or admin class is defined.
@@ -174,7 +174,7 @@ try:
     DIGEST_REGRESSION_PCT = envint("DIGEST_REGRESSION_PCT", 20, minimum=1, maximum=1000)
     DIGEST_UNSUBSCRIBE_MAX_AGE_DAYS = envint("DIGEST_UNSUBSCRIBE_MAX_AGE_DAYS", 90, minimum=1)
     LOG_LEVEL = envstr("LOG_LEVEL", "INFO").upper()
-except ConfigError as exc:
+except SettingsError as exc:
     raise _fail(str(exc)) from None
 
 # Values a deployment must replace (the .env.example placeholders, and the like).
@@ -356,7 +356,7 @@ LOGOUT_REDIRECT_URL = "login"
 SESSION_COOKIE_HTTPONLY = True
 try:
     SESSION_COOKIE_SECURE = envbool("SECURE_COOKIES", SITE_URL.startswith("https://"))
-except ConfigError as exc:
+except SettingsError as exc:
     raise _fail(str(exc)) from None
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 SECURE_CONTENT_TYPE_NOSNIFF = True

@@ -30,7 +30,7 @@ from django.utils import timezone
 from monitor import limits, partitions
 from monitor.answer import board
 from monitor.digest import sending
-from monitor.models import Heartbeat
+from monitor.models import HEARTBEAT_TICK, Heartbeat
 from monitor.pipeline import queues, signing
 from monitor.pipeline.beat import scheduling
 from monitor.pipeline.ingest import races as race_results
@@ -74,7 +74,7 @@ SWEEP_MAX = 5000
 def tick() -> dict[str, int]:
     """Beat's periodic tick: record missed slots, then claim and send the due ones. Returns
     slots sent per region slug, and the number of races sent under "races"."""
-    beat("tick")
+    beat(HEARTBEAT_TICK)
     # Missed slots in short transactions (each holds its slots' and rollups' row locks, which
     # ingest workers wait on), up to SWEEP_MAX a tick.
     for _ in range(SWEEP_MAX // SWEEP_CHUNK):

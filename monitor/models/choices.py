@@ -4,25 +4,29 @@ stored values alike)."""
 
 from __future__ import annotations
 
+from probes import formats, graders, model
+from probes.bedrock import BedrockConverse
 from probes.errors import Kind
-from probes.formats import PROTECTED_BODY_KEYS
+from probes.formats import PROTECTED_BODY_KEYS, AnthropicMessages, AzureOpenAIChat, OpenAIChat
+from probes.gemini import GeminiNative
+from probes.graders import GRADER_CONTAINS as GRADER_CONTAINS
+from probes.graders import GRADER_EXACT as GRADER_EXACT
+from probes.graders import GRADER_JSON_SCHEMA as GRADER_JSON_SCHEMA
+from probes.graders import GRADER_NUMERIC as GRADER_NUMERIC
+from probes.graders import GRADER_REGEX as GRADER_REGEX
+from probes.model import BODY_JSON as BODY_JSON
+from probes.model import BODY_MSGPACK_GZIP as BODY_MSGPACK_GZIP
+from probes.responses import OpenAIResponses
 
-WIRE_OPENAI = "openai"
-WIRE_ANTHROPIC = "anthropic"
-WIRE_AZURE = "azure"
-WIRE_RESPONSES = "responses"
-WIRE_GEMINI = "gemini"
-WIRE_BEDROCK = "bedrock"
-# The keys are probes.formats.WIRE_FORMATS' (tests/monitor/models/test_route_settings.py holds them
-# equal); the labels are the admin's.
-WIRE_FORMATS = [
-    (WIRE_OPENAI, "OpenAI Chat Completions"),
-    (WIRE_ANTHROPIC, "Anthropic Messages"),
-    (WIRE_AZURE, "Azure OpenAI (deployment URL, api-key header)"),
-    (WIRE_RESPONSES, "OpenAI Responses"),
-    (WIRE_GEMINI, "Gemini native (streamGenerateContent, x-goog-api-key)"),
-    (WIRE_BEDROCK, "Amazon Bedrock ConverseStream (SigV4 or a Bedrock API key)"),
-]
+# Wire formats are probes.formats' registry: each format's name is its stored value, its
+# label the admin's choice (declared once, on the format).
+WIRE_OPENAI = OpenAIChat.name
+WIRE_ANTHROPIC = AnthropicMessages.name
+WIRE_AZURE = AzureOpenAIChat.name
+WIRE_RESPONSES = OpenAIResponses.name
+WIRE_GEMINI = GeminiNative.name
+WIRE_BEDROCK = BedrockConverse.name
+WIRE_FORMATS = [(name, fmt.label) for name, fmt in formats.WIRE_FORMATS.items()]
 # Formats that speak OpenAI's Chat Completions body (reasoning_effort, max_completion_tokens).
 OPENAI_BODIES = (WIRE_OPENAI, WIRE_AZURE)
 # Formats that take reasoning_effort (Gemini as its thinking level) and a thinking budget.
@@ -82,9 +86,9 @@ MIN_THINKING_BUDGET = 1024
 # out (its reasoning guide). A cap, not a charge: only what the model uses is billed.
 REASONING_ALLOWANCE_TOKENS = 25_000
 
-BODY_JSON = "json"
-BODY_MSGPACK_GZIP = "msgpack-gzip"
-BODY_ENCODINGS = [(BODY_JSON, "JSON"), (BODY_MSGPACK_GZIP, "msgpack + gzip")]
+# Body encodings and graders: the engine's registries (probes.model, probes.graders), read here
+# for the admin's choices.
+BODY_ENCODINGS = list(model.BODY_ENCODINGS.items())
 
 HTTP_1_1 = "1.1"
 HTTP_2 = "2"
@@ -139,18 +143,7 @@ REF_AUTO = ""  # per option: warm, JSON, stable prefix, the best HTTP version th
 HTTP_BEST = "best"
 
 
-GRADER_EXACT = "exact"
-GRADER_CONTAINS = "contains"
-GRADER_REGEX = "regex"
-GRADER_JSON_SCHEMA = "json_schema"
-GRADER_NUMERIC = "numeric"
-GRADERS = [
-    (GRADER_EXACT, "exact match"),
-    (GRADER_CONTAINS, "contains"),
-    (GRADER_REGEX, "regular expression"),
-    (GRADER_JSON_SCHEMA, "JSON schema"),
-    (GRADER_NUMERIC, "number within tolerance"),
-]
+GRADERS = list(graders.GRADERS.items())
 
 OUTCOME_OK = "ok"
 OUTCOME_ERROR = "error"

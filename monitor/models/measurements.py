@@ -210,6 +210,11 @@ class GeneratedSpan(models.Model):
         return span
 
 
+# Beat's tick (monitor.tasks.tick) checks in under this name: its freshness says whether beat
+# is ticking.
+HEARTBEAT_TICK = "tick"
+
+
 class Heartbeat(models.Model):
     """Last time a periodic process checked in (beat's tick, workers); shown as freshness."""
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
-from probes import ProbeResult, ProbeSpec, probe
+from probes import Measurement, ProbeSpec, probe
 from probes.transport import warm_clients
 
 
-def run(spec: ProbeSpec) -> ProbeResult:
-    async def go() -> ProbeResult:
+def run(spec: ProbeSpec) -> Measurement:
+    async def go() -> Measurement:
         try:
             return await probe(spec)
         finally:

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from simulator.config import ConfigError, Profile, load, parse
+from simulator.config import ConfigFileError, Profile, load, parse
 from simulator.testing import CONFIGS, ROOT, SimulatorProcess
 
 DEMO = load(CONFIGS / "demo.toml")
@@ -116,7 +116,7 @@ def test_the_demo_matches_the_seeds_reference_routes() -> None:
     ],
 )
 def test_bad_configs_are_refused_with_a_reason(raw: dict, error: str) -> None:
-    with pytest.raises(ConfigError, match=error):
+    with pytest.raises(ConfigFileError, match=error):
         parse(raw)
 
 

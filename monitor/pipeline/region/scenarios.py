@@ -105,7 +105,7 @@ def run(data: object) -> ScenarioPayload | None:
         validate=_validator(probe["eval"]),
     )
 
-    async def carried() -> probes.scenario.ScenarioResult:
+    async def carried() -> probes.scenario.ScenarioMeasurement:
         async with worker.carrying():  # in flight, one of the worker's load (worker.LOAD)
             return await run_scenario(scenario)
 

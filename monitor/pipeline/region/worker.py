@@ -31,8 +31,7 @@ from django.conf import settings
 import probes
 from monitor import limits
 from monitor.logfilters import register_secret
-from monitor.models import ProbeResult as ResultModel
-from monitor.models import aws_credentials
+from monitor.models import ProbeResult, aws_credentials
 from monitor.pipeline.messages import (
     ContractError,
     EvalSpec,
@@ -48,8 +47,7 @@ from monitor.pipeline.region import clock
 from monitor.pipeline.signing import SecretRefused, open_secret
 from probes.errors import Kind
 from probes.graders import GraderError
-from probes.model import ProbeResult as EngineResult
-from probes.model import ProbeSpec
+from probes.model import Measurement, ProbeSpec
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -77,8 +75,8 @@ _SET_BY_WORKER = {
 }
 MEASURED = tuple(
     f.name
-    for f in dataclasses.fields(EngineResult)
-    if f.name in {c.attname for c in ResultModel._meta.concrete_fields} - _SET_BY_WORKER
+    for f in dataclasses.fields(Measurement)
+    if f.name in {c.attname for c in ProbeResult._meta.concrete_fields} - _SET_BY_WORKER
 )
 
 # Per-route request settings (messages.RequestSettings) map to ProbeSpec fields of the same
@@ -295,7 +293,7 @@ def spec_for(message: ProbeMessage, mapping: Mapping[str, str]) -> ProbeSpec:
 # --- from an engine result to a payload --------------------------------------------------------
 
 
-def grade(result: EngineResult, case: EvalSpec | None) -> bool | None:
+def grade(result: Measurement, case: EvalSpec | None) -> bool | None:
     if case is None or not result.ok:
         return None
     try:
@@ -326,7 +324,7 @@ def late_payload(message: ProbeMessage, lag_s: float) -> ResultPayload:
     return out
 
 
-def payload(message: ProbeMessage, result: EngineResult, started_at: datetime) -> ResultPayload:
+def payload(message: ProbeMessage, result: Measurement, started_at: datetime) -> ResultPayload:
     case = message["eval"]
     slot = message["slot"]
     known: ResultPayload = {
@@ -534,7 +532,7 @@ async def _race(
     # Every lane carries the same request, so the same eval case (monitor.pipeline.beat.races).
     case = next((message["eval"] for message, _ in lanes.values()), None)
 
-    def valid(result: EngineResult) -> bool:
+    def valid(result: Measurement) -> bool:
         return result.ok and grade(result, case) is not False
 
     started_at = _central_now()
