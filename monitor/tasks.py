@@ -415,9 +415,11 @@ def ensure_partitions() -> int:
 def run_race(message: dict[str, Any]) -> str | None:
     """On a region worker: run one race, send its result to ingest over the broker."""
     done = _open_and_run(message, signing.KIND_RACE, "race message", _run_race)
-    if done is None or done[1] is None:
+    if done is None:
         return None
     key_id, result = done
+    if result is None:
+        return None
     _reply(key_id, signing.KIND_RACE_RESULT, "race", race_result_to_json(result), 1)
     return result["winner_route_id"]
 
@@ -438,9 +440,11 @@ def run_scenario(message: dict[str, Any]) -> str | None:
     """On a region worker: run one scenario, send its result to ingest over the broker (or to
     the local spool while the broker cannot take it)."""
     done = _open_and_run(message, signing.KIND_SCENARIO, "scenario message", _run_scenario)
-    if done is None or done[1] is None:
+    if done is None:
         return None
     key_id, result = done
+    if result is None:
+        return None
     _reply(key_id, signing.KIND_SCENARIO_RESULT, "scenario", scenario_payload_to_json(result), 1)
     return result["outcome"]
 

@@ -504,9 +504,10 @@ def choose(
     if task.defaults.prefer_cheaper and not task.latency_metric:
         best = min((c for c in qualifying if tied(c, best)), key=lambda c: (price(c), rank(c)))
     if held is not None and held in qualifying:
-        change = _takeover(best, held, metric, _unit(metric), counts)
-        if change is None:
+        takeover = _takeover(best, held, metric, _unit(metric), counts)
+        if takeover is None:
             return _choice(best=held, candidates=candidates, metric=metric, change="", tied=tied)
+        change = takeover
     elif held is not None:
         change = f"{held.route} {held.silence}, longer than the {_ago(silence_limit(task))} a winner keeps its cell without probes"
     elif incumbent is None:

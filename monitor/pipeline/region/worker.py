@@ -526,7 +526,7 @@ def run_batch(
 
 async def _race(
     lanes: Mapping[str, tuple[ProbeMessage, ProbeSpec]], reference_ms: Mapping[str, float]
-) -> tuple[datetime, probes.RaceResult]:
+) -> tuple[datetime, probes.RaceMeasurement]:
     """Race the lanes (route id -> (message, spec)); the first complete answer that passes
     the eval case (when there is one) wins."""
     # Every lane carries the same request, so the same eval case (monitor.pipeline.beat.races).

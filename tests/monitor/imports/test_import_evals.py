@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from monitor.imports import evals
+from monitor.imports import evals, promptfoo
 from monitor.imports.base import ImportFileError
 from monitor.models import EvalCase, Task
 from probes.graders import grade
@@ -272,7 +272,7 @@ def test_yaml_nested_deeper_than_any_eval_set_is_refused(task: Task, tmp_path: P
 def test_a_yaml_document_of_more_values_than_the_bound_is_refused(
     task: Task, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(evals, "MAX_YAML_NODES", 50)
+    monkeypatch.setattr(promptfoo, "MAX_YAML_NODES", 50)
     tests = "".join(
         f"  - vars: {{input: q{n}}}\n    assert: [{{type: equals, value: a{n}}}]\n"
         for n in range(10)
@@ -280,7 +280,7 @@ def test_a_yaml_document_of_more_values_than_the_bound_is_refused(
     config = _promptfoo(tmp_path, "tests:\n" + tests)
     with pytest.raises(CommandError, match=r"line \d+: more than 50 YAML values; refused"):
         _run("facts", config)
-    monkeypatch.setattr(evals, "MAX_YAML_NODES", 1000)
+    monkeypatch.setattr(promptfoo, "MAX_YAML_NODES", 1000)
     _run("facts", config)
     assert EvalCase.objects.filter(task=task).count() == 10
 

@@ -157,7 +157,7 @@ def test_the_row_by_row_fallback_keeps_the_good_rows_of_a_batch_copy_refuses(
     t, r1, _, eu = setup
     payloads = [f.payload(t, r1, eu, T0 + timedelta(minutes=i)) for i in range(3)]
     payloads[1]["ratelimit_remaining_tokens"] = 2**40
-    monkeypatch.setattr(ingest, "_fit", lambda column, value: value)
+    monkeypatch.setattr(ingest_rows, "_fit", lambda column, value: value)
 
     assert ingest.ingest(_over_the_wire(payloads)) == 2
 
