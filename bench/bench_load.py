@@ -58,22 +58,22 @@ import contextlib
 import gc
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.load_pages import Pages  # noqa: E402
+from bench.load_procs import Proc, _cpu, _free_port, _renice, _rss, _servers, _tree, _used  # noqa: E402
+from bench.load_report import Setup, Window, report  # noqa: E402
 
 PY = sys.executable
 BENCH_DB = "routewatch_bench_load"
@@ -81,56 +81,6 @@ SUCCEEDED = re.compile(
     r"Task (monitor\.tasks\.\w+)\[[^\]]+\] succeeded in ([0-9.]+)s: (.*)$", re.MULTILINE
 )
 SERVER_ONLY_SECRETS = ("SECRET_KEY", "FIELD_ENCRYPTION_KEYS", "DATABASE_URL", "EMAIL_HOST_PASSWORD")
-
-
-# The first table a query reads (its FROM), to name it in the report.
-TABLE = re.compile(r'FROM\s+"?(\w+)"?', re.IGNORECASE)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _p(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
-
-
-@dataclass
-class Proc:
-    name: str
-    component: str
-    argv: list[str]
-    env: dict[str, str]
-    log: Path
-    proc: subprocess.Popen[bytes] | None = None
-    out: IO[bytes] | None = field(default=None, repr=False)
-
-    def start(self) -> None:
-        self.out = self.log.open("wb")
-        self.proc = subprocess.Popen(
-            self.argv,
-            env=self.env,
-            cwd=ROOT,
-            stdout=self.out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        if self.out:
-            self.out.close()
 
 
 def _recreate(admin_url: str, name: str = BENCH_DB) -> str:
@@ -154,155 +104,6 @@ def region_pool_args(concurrency: int | None) -> list[str]:
     return product(concurrency)
 
 
-class Pages(threading.Thread):
-    """Reads every page, one after the other, until stopped; server time per page (ms)."""
-
-    def __init__(self) -> None:
-        super().__init__(daemon=True)
-        self.stop = threading.Event()
-        self.times: dict[str, list[float]] = {}
-        self.sql: dict[str, list[float]] = {}  # of each read, the time its queries took (ms)
-        # Of each read, the CPU time of the reading thread (ms): the rest of its server time is
-        # its queries and waiting for a CPU.
-        self.cpu: dict[str, list[float]] = {}
-        # Of each read, the time the reading thread waited for a CPU while runnable, and the CPU
-        # time and CPU wait of the PostgreSQL backend serving it (ms; Linux schedstat).
-        self.wait: dict[str, list[float]] = {}
-        self.pg_cpu: dict[str, list[float]] = {}
-        self.pg_wait: dict[str, list[float]] = {}
-        self.queries: dict[str, int] = {}  # queries of the page's last read
-        # Of each page, each query's times (ms), by its table and place in the page.
-        self.per_query: dict[str, dict[str, list[float]]] = {}
-        self.failed = 0
-        # --alternate-nice: the workers' nice value when each read started, and each read's
-        # time by it (page -> nice -> ms).
-        self.phase: int | None = None
-        self.by_phase: dict[str, dict[int, list[float]]] = {}
-
-    def urls(self) -> list[tuple[str, str]]:
-        from monitor.models import Route, Task
-
-        task = Task.objects.order_by("pk").first()
-        route = Route.objects.order_by("pk").first()
-        assert task is not None
-        assert route is not None
-        return [
-            ("overview", "/"),
-            ("task, 24 h", f"/tasks/{task.slug}/"),
-            ("route, 24 h", f"/routes/{route.pk}/?task={task.slug}"),
-            ("regions", "/regions/"),
-            ("probe log", "/log/"),
-            ("status", "/status/"),
-        ]
-
-    def once(self, client: Any, urls: list[tuple[str, str]]) -> None:
-        from django.db import connection
-
-        spent: list[float] = []
-        labels: list[str] = []
-
-        def timed(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-            t = time.perf_counter()
-            try:
-                return execute(sql, params, many, context)
-            finally:
-                spent.append((time.perf_counter() - t) * 1000)
-                table = TABLE.search(sql)
-                labels.append(f"#{len(labels) + 1} {table.group(1) if table else sql[:30]}")
-
-        for name, url in urls:
-            spent.clear()
-            labels.clear()
-            phase = self.phase
-            connection.ensure_connection()
-            backend = f"/proc/{connection.connection.info.backend_pid}/schedstat"
-            with connection.execute_wrapper(timed):
-                _, w0 = _schedstat("/proc/thread-self/schedstat")
-                b0 = _schedstat(backend)
-                t0, c0 = time.perf_counter(), time.thread_time()
-                response = client.get(url)
-                if getattr(response, "streaming", False):
-                    b"".join(response.streaming_content)
-                ms = (time.perf_counter() - t0) * 1000
-                cpu_ms = (time.thread_time() - c0) * 1000
-                _, w1 = _schedstat("/proc/thread-self/schedstat")
-                b1 = _schedstat(backend)
-            self.wait.setdefault(name, []).append(w1 - w0)
-            self.pg_cpu.setdefault(name, []).append(b1[0] - b0[0])
-            self.pg_wait.setdefault(name, []).append(b1[1] - b0[1])
-            if response.status_code != 200:
-                self.failed += 1
-            self.times.setdefault(name, []).append(ms)
-            self.sql.setdefault(name, []).append(sum(spent))
-            self.cpu.setdefault(name, []).append(cpu_ms)
-            if phase is not None and phase == self.phase:  # not across a switch
-                self.by_phase.setdefault(name, {}).setdefault(phase, []).append(ms)
-            self.queries[name] = len(spent)
-            page = self.per_query.setdefault(name, {})
-            for label, ms in zip(labels, spent, strict=True):
-                page.setdefault(label, []).append(ms)
-
-    def run(self) -> None:
-        from django.contrib.auth.models import User
-        from django.db import connection
-        from django.test import Client
-
-        user, _ = User.objects.get_or_create(username="bench-load", is_staff=True)
-        client = Client(SERVER_NAME="localhost")
-        client.force_login(user)
-        urls = self.urls()
-        try:
-            while not self.stop.is_set():
-                self.once(client, urls)
-                self.stop.wait(0.5)
-        finally:
-            connection.close()
-
-
-def _schedstat(path: str) -> tuple[float, float]:
-    """(CPU time, time runnable but waiting for a CPU) so far of a thread or process, in ms."""
-    try:
-        with open(path) as f:
-            ran, waited, _ = f.read().split()
-    except (OSError, ValueError):
-        return (0.0, 0.0)
-    return (int(ran) / 1e6, int(waited) / 1e6)
-
-
-def _tree(pid: int) -> list[Any]:
-    import psutil
-
-    try:
-        top = psutil.Process(pid)
-        return [top, *top.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
-def _cpu(procs: list[Any]) -> dict[int, float]:
-    """CPU seconds so far of each process (children that exited are counted in their parent's
-    children_* times: PostgreSQL backends, celery's pool processes)."""
-    seen = {}
-    for p in procs:
-        with contextlib.suppress(Exception):
-            t = p.cpu_times()
-            seen[p.pid] = t.user + t.system + t.children_user + t.children_system
-    return seen
-
-
-def _used(before: dict[int, float], after: dict[int, float]) -> float:
-    """CPU seconds between two `_cpu` readings: processes started meanwhile count from 0."""
-    return sum(max(0.0, cpu - before.get(pid, 0.0)) for pid, cpu in after.items())
-
-
-def _rss(procs: list[Any]) -> float:
-    total = 0
-    for p in procs:
-        with contextlib.suppress(Exception):
-            total += p.memory_info().rss
-    return total / 2**20
-
-
 def _timings(cursor: Any, since: datetime, until: datetime) -> tuple[list[float], list[float]]:
     """TTFT and e2e (ms) of the probes that started in [since, until) and succeeded."""
     cursor.execute(
@@ -314,49 +115,39 @@ def _timings(cursor: Any, since: datetime, until: datetime) -> tuple[list[float]
     return [r[0] for r in rows], [r[1] for r in rows]
 
 
-def _renice(pids: list[int], nice: int) -> None:
-    """Every thread of these processes to `nice` (Linux priorities are per thread; going back
-    down needs root: the bench's --alternate-nice)."""
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            for tid in os.listdir(f"/proc/{pid}/task"):
-                with contextlib.suppress(OSError):
-                    os.setpriority(os.PRIO_PROCESS, int(tid), nice)
-        # Each worker is a session of its own, so with autogroups (Linux's default on a
-        # desktop kernel) its share against other sessions is its autogroup's nice.
-        with contextlib.suppress(OSError), open(f"/proc/{pid}/autogroup", "w") as f:
-            f.write(str(nice))
-
-
-def _servers(env: dict[str, str]) -> dict[str, list[int]]:
-    """PostgreSQL and Redis process ids (the embedded ones, or any on this machine)."""
-    import psutil
-
-    found: dict[str, list[int]] = {"postgres": [], "redis": []}
-    var = Path(env.get("RW_VAR_DIR", ROOT / "var")).resolve()
-    pidfile = var / "postgres" / "postmaster.pid"
-    if pidfile.exists():
-        found["postgres"].append(int(pidfile.read_text().split()[0]))
-    for p in psutil.process_iter(["name", "cwd", "cmdline"]):
-        with contextlib.suppress(Exception):
-            if "redis-server" in (p.info["name"] or "") and str(var) in " ".join(
-                [p.info["cwd"] or "", *(p.info["cmdline"] or [])]
-            ):
-                found["redis"].append(p.pid)
-    return found
-
-
 def run(ns: argparse.Namespace) -> int:
-    from bench import mixes, probe_stats
+    """The bench in the order it runs: prepare the world and its history, read the pages idle,
+    start the processes, measure the window and close it, stop them, then report."""
+    setup = _prepare(ns)
+    _announce(ns, setup)
+    _load_history(ns)
+    idle, urls, _client = _idle_pages()  # the idle reader's client lives as long as the run
+    procs, beat = _processes(ns, setup)
+    servers = _servers(setup.env)
+    pages = Pages()
+    try:
+        window = _measure(ns, setup, procs, beat, pages, servers)
+        if window is None:
+            return 1
+    finally:
+        pages.stop.set()
+        for p in reversed(procs):
+            p.stop()
+    report(ns, setup, window, idle, pages, urls)
+    return 0
+
+
+def _prepare(ns: argparse.Namespace) -> Setup:
+    """A fresh database (migrated, static files collected), the bench's own broker database,
+    the simulated world of the mix and a key for each region."""
+    from bench import mixes
 
     mix = mixes.MIXES[ns.mix]
-    warmup_s = mix.warmup_s if ns.warmup is None else ns.warmup
     admin_url = os.environ["DATABASE_URL"]
     url = _recreate(admin_url)
     redis = urlsplit(os.environ["REDIS_URL"])
     redis_url = urlunsplit(redis._replace(path="/9"))  # the bench's own broker database
     tmp = Path(tempfile.mkdtemp(prefix="rw-bench-load-"))
-    tick_s = ns.tick
     alternate: tuple[int, ...] = ()
     if ns.alternate_nice:
         alternate = tuple(int(n) for n in ns.alternate_nice.split(","))
@@ -368,7 +159,7 @@ def run(ns: argparse.Namespace) -> int:
         "REDIS_URL": redis_url,
         "DJANGO_SETTINGS_MODULE": "monitor.settings",
         "PROVIDER_ALLOW_PRIVATE_NETWORKS": "true",
-        "TICK_SECONDS": str(tick_s),
+        "TICK_SECONDS": str(ns.tick),
         "SLOT_GRACE_SECONDS": str(ns.grace),
         "RW_RESULT_FLUSH_SECONDS": str(ns.flush),
         "RW_SPOOL_DIR": str(tmp / "spool"),
@@ -395,8 +186,6 @@ def run(ns: argparse.Namespace) -> int:
     sim_url = f"http://127.0.0.1:{sim_port}"
     routes = ns.routes * ns.scale
     world = mixes.build_world(mix, sim_url, ns.tasks, routes, ns.regions, ns.interval)
-    slugs = world.regions
-    combos = world.combinations
     with connection.cursor() as cursor:
         # Bench only: when each row was inserted (ingest lag).
         cursor.execute(
@@ -405,7 +194,7 @@ def run(ns: argparse.Namespace) -> int:
         )
     region_args = region_pool_args(ns.region_concurrency)
     keys = {}
-    for slug in slugs:
+    for slug in world.regions:
         out = subprocess.run(
             [PY, str(ROOT / "manage.py"), "region_key", "new", slug, "--replace"],
             env=env,
@@ -414,27 +203,37 @@ def run(ns: argparse.Namespace) -> int:
             text=True,
         )
         keys[slug] = out.stdout.strip()
+    return Setup(mix, env, tmp, sim_port, world, routes, keys, region_args, alternate)
+
+
+def _announce(ns: argparse.Namespace, setup: Setup) -> None:
+    from bench import mixes
+
+    mix, world, combos = setup.mix, setup.world, setup.world.combinations
     scenarios = (
         f" ({world.scenario_combinations} of them scenarios of {mixes.SCENARIO_STEPS} calls)"
         if world.scenario_combinations
         else ""
     )
     print(
-        f"load ({mix.name} mix, simulator {mix.config.name}): {ns.tasks} tasks x {routes} "
+        f"load ({mix.name} mix, simulator {mix.config.name}): {ns.tasks} tasks x {setup.routes} "
         f"routes x {ns.regions} regions = {combos:,} combinations{scenarios}, a probe every "
         f"{ns.interval} s = {combos / ns.interval:.0f} slots/s; "
-        f"tick every {tick_s} s; {ns.ingest_workers} ingest worker(s) x concurrency "
-        f"{ns.ingest_concurrency}, region workers {' '.join(region_args)}, "
+        f"tick every {ns.tick} s; {ns.ingest_workers} ingest worker(s) x concurrency "
+        f"{ns.ingest_concurrency}, region workers {' '.join(setup.region_args)}, "
         f"results flushed every {ns.flush} s, workers at nice "
-        f"{env.get('RW_WORKER_NICE', 'the product default')}, the tick on a scheduler worker "
+        f"{setup.env.get('RW_WORKER_NICE', 'the product default')}, the tick on a scheduler worker "
         "of its own",
         flush=True,
     )
     with contextlib.suppress(Exception):
         print(f"machine load before start: {os.getloadavg()}", flush=True)
 
+
+def _load_history(ns: argparse.Namespace) -> None:
+    """Steady state: the pages and ingest's indexes at a day's size, not a few minutes'; then
+    the overview as beat keeps it."""
     if ns.history_hours:
-        # Steady state: the pages and ingest's indexes at a day's size, not a few minutes'.
         from bench import history
         from monitor.models import Task
 
@@ -452,7 +251,9 @@ def run(ns: argparse.Namespace) -> int:
 
     board.refresh()  # as beat keeps it
 
-    # Same-run baseline: the pages with no load (the same world and history).
+
+def _idle_pages() -> tuple[Pages, list[tuple[str, str]], Any]:
+    """Same-run baseline: the pages with no load (the same world and history)."""
     idle = Pages()
     urls = idle.urls()
     from django.contrib.auth.models import User
@@ -466,371 +267,259 @@ def run(ns: argparse.Namespace) -> int:
     idle.times.clear()
     for _ in range(10):
         idle.once(client, urls)
+    return idle, urls, client
 
-    celery = [PY, "-m", "celery", "-A", "monitor"]
-    procs = [
-        Proc(
-            "simulator",
-            "simulator",
-            [PY, "-m", "simulator", "--config", str(mix.config), "--port", str(sim_port)],
-            env,
-            tmp / "simulator.log",
-        )
-    ]
+
+def _processes(ns: argparse.Namespace, setup: Setup) -> tuple[list[Proc], Proc]:
+    """Every process of the deployment, not started yet; beat is last (and returned apart: it
+    stops first, when the window ends)."""
+    env, tmp = setup.env, setup.tmp
+
+    def worker(
+        name: str, component: str, queue: str, pool: list[str], env: dict[str, str], host: str
+    ) -> Proc:
+        """A celery worker of one queue, as the product starts them."""
+        argv = [PY, "-m", "celery", "-A", "monitor", "worker", "--loglevel", "INFO"]
+        argv += ["--queues", queue, "--hostname", f"{host}@%h", *pool]
+        argv += ["--without-gossip", "--without-mingle"]
+        return Proc(name, component, argv, env, tmp / f"{name}.log")
+
+    simulator = [PY, "-m", "simulator", "--config", str(setup.mix.config)]
+    simulator += ["--port", str(setup.sim_port)]
+    procs = [Proc("simulator", "simulator", simulator, env, tmp / "simulator.log")]
     # The tick alone, as the product runs it (monitor.pipeline.queues.SCHEDULE_QUEUE).
+    one = ["--concurrency", "1"]
     procs.append(
-        Proc(
+        worker(
             "scheduler",
             "scheduler worker",
-            [
-                *celery,
-                "worker",
-                "--loglevel",
-                "INFO",
-                "--queues",
-                "schedule",
-                "--hostname",
-                "scheduler@%h",
-                "--concurrency",
-                "1",
-                "--without-gossip",
-                "--without-mingle",
-            ],
+            "schedule",
+            one,
             {**env, "RW_WORKER_NICE": "0"},
-            tmp / "scheduler.log",
+            "scheduler",
         )
     )
     # As the product runs them (devstack, compose): ingest alone at the web's priority, beat's
     # other work (overview rebuilds, rollups, retention) on a background worker at RW_WORKER_NICE.
-    procs.append(
-        Proc(
-            "background",
-            "background worker",
-            [
-                *celery,
-                "worker",
-                "--loglevel",
-                "INFO",
-                "--queues",
-                "default",
-                "--hostname",
-                "background@%h",
-                "--concurrency",
-                "2",
-                "--without-gossip",
-                "--without-mingle",
-            ],
-            env,
-            tmp / "background.log",
-        )
-    )
+    two = ["--concurrency", "2"]
+    procs.append(worker("background", "background worker", "default", two, env, "background"))
     ingest_env = env if ns.worker_nice is not None else {**env, "RW_WORKER_NICE": "0"}
+    ingest_pool = ["--concurrency", str(ns.ingest_concurrency)]
     for i in range(ns.ingest_workers):
+        name = f"ingest{i}"
+        procs.append(worker(name, "ingest workers", "ingest", ingest_pool, ingest_env, name))
+    for slug in setup.world.regions:
+        region_env = {
+            **env,
+            **dict.fromkeys(SERVER_ONLY_SECRETS, ""),
+            "RW_WORKER_ONLY": "true",
+            "RW_REGION": slug,
+            "RW_REGION_KEYS": setup.keys[slug],
+            "RW_SPOOL_DIR": str(tmp / f"spool-{slug}"),
+        }
+        queue = f"probes.{slug}"
         procs.append(
-            Proc(
-                f"ingest{i}",
-                "ingest workers",
-                [
-                    *celery,
-                    "worker",
-                    "--loglevel",
-                    "INFO",
-                    "--queues",
-                    "ingest",
-                    "--hostname",
-                    f"ingest{i}@%h",
-                    "--concurrency",
-                    str(ns.ingest_concurrency),
-                    "--without-gossip",
-                    "--without-mingle",
-                ],
-                ingest_env,
-                tmp / f"ingest{i}.log",
-            )
+            worker(f"region-{slug}", "region workers", queue, setup.region_args, region_env, slug)
         )
-    for slug in slugs:
-        procs.append(
-            Proc(
-                f"region-{slug}",
-                "region workers",
-                [
-                    *celery,
-                    "worker",
-                    "--loglevel",
-                    "INFO",
-                    "--queues",
-                    f"probes.{slug}",
-                    "--hostname",
-                    f"{slug}@%h",
-                    *region_args,
-                    "--without-gossip",
-                    "--without-mingle",
-                ],
-                {
-                    **env,
-                    **dict.fromkeys(SERVER_ONLY_SECRETS, ""),
-                    "RW_WORKER_ONLY": "true",
-                    "RW_REGION": slug,
-                    "RW_REGION_KEYS": keys[slug],
-                    "RW_SPOOL_DIR": str(tmp / f"spool-{slug}"),
-                },
-                tmp / f"region-{slug}.log",
-            )
-        )
-    beat = Proc(
-        "beat",
-        "beat",
-        [*celery, "beat", "--loglevel", "INFO", "--schedule", str(tmp / "beat"), "--pidfile", ""],
-        env,
-        tmp / "beat.log",
-    )
+    beat_argv = [PY, "-m", "celery", "-A", "monitor", "beat", "--loglevel", "INFO"]
+    beat_argv += ["--schedule", str(tmp / "beat"), "--pidfile", ""]
+    beat = Proc("beat", "beat", beat_argv, env, tmp / "beat.log")
     procs.append(beat)
-    servers = _servers(env)
-    pages = Pages()
-    try:
-        for p in procs:
-            p.start()
-        print(
-            f"started {len(procs)} processes (logs in {tmp}); warming up {warmup_s} s", flush=True
-        )
-        time.sleep(warmup_s)
-        for p in procs:
-            if p.proc and p.proc.poll() is not None:
-                print(f"{p.name} exited ({p.proc.returncode}); see {p.log}")
-                return 1
-        pages.start()
-        roots: dict[str, list[int]] = {}
-        for p in procs:
-            assert p.proc is not None
-            roots.setdefault(p.component, []).append(p.proc.pid)
-        for name, pids in servers.items():
-            roots.setdefault(name, []).extend(pids)
+    return procs, beat
 
-        def trees() -> dict[str, list[Any]]:
-            found = {n: [x for pid in pids for x in _tree(pid)] for n, pids in roots.items()}
-            return found | {"bench (pages)": _tree(os.getpid())[:1]}
 
-        cpu0 = {name: _cpu(ps) for name, ps in trees().items()}
-        start = datetime.now(UTC)
-        t0 = time.monotonic()
-        # (nice, start, end) of each phase, for the window's TTFT by phase.
-        phases: list[tuple[int, datetime, datetime]] = []
-        if alternate:
-            workers = ("scheduler worker", "ingest workers", "region workers")
-            i = 0
-            while time.monotonic() - t0 < ns.measure:
-                nice = alternate[i % 2]
-                pids = [p.pid for c in workers for p in trees().get(c, [])]
-                pages.phase = None
-                _renice(pids, nice)
-                pages.phase = nice
-                begun = datetime.now(UTC)
-                time.sleep(max(0.0, min(ns.phase, ns.measure - (time.monotonic() - t0))))
-                phases.append((nice, begun, datetime.now(UTC)))
-                i += 1
-            pages.phase = None
-        else:
-            time.sleep(ns.measure)
-        wall = time.monotonic() - t0
-        end = datetime.now(UTC)
-        comps = trees()
-        cpu = {name: _used(cpu0[name], _cpu(ps)) / wall for name, ps in comps.items()}
-        rss = {name: _rss(ps) for name, ps in comps.items()}
-        pages.stop.set()
-        pages.join()
-        # One more tick after the window's end, so its last slots are created before beat
-        # stops (else up to a tick's worth of them counts as never created).
-        time.sleep(max(0.0, tick_s + 2 - (time.monotonic() - t0 - wall)))
-        beat.stop()
-        # Close the window: every slot of it done or recorded missed (the sweep runs with
-        # the tick, which has stopped: run it here once its deadlines have passed).
-        from monitor.models import ProbeSlot
-        from monitor.pipeline import ingest
+def _measure(
+    ns: argparse.Namespace,
+    setup: Setup,
+    procs: list[Proc],
+    beat: Proc,
+    pages: Pages,
+    servers: dict[str, list[int]],
+) -> Window | None:
+    """Start the processes, warm up, measure the window (pages read meanwhile), then close it
+    and read what it stored. None when a process exited during the warm-up."""
+    warmup_s = setup.mix.warmup_s if ns.warmup is None else ns.warmup
+    for p in procs:
+        p.start()
+    print(
+        f"started {len(procs)} processes (logs in {setup.tmp}); warming up {warmup_s} s", flush=True
+    )
+    time.sleep(warmup_s)
+    for p in procs:
+        if p.proc and p.proc.poll() is not None:
+            print(f"{p.name} exited ({p.proc.returncode}); see {p.log}")
+            return None
+    pages.start()
+    roots: dict[str, list[int]] = {}
+    for p in procs:
+        assert p.proc is not None
+        roots.setdefault(p.component, []).append(p.proc.pid)
+    for name, pids in servers.items():
+        roots.setdefault(name, []).extend(pids)
 
-        # The window's last slots end by their deadline (the longest task's) and grace.
-        wait_until = time.monotonic() + world.longest_timeout_s + ns.grace + 30
-        window = ProbeSlot.objects.filter(slot_at__gte=start, slot_at__lt=end)
-        while time.monotonic() < wait_until and window.filter(status="dispatched").exists():
-            time.sleep(2)
-        swept = 0
-        if window.filter(status="dispatched").exists():
-            while n := ingest.sweep_missed():
-                swept += n
-        counts = {s: window.filter(status=s).count() for s in ("done", "missed", "dispatched")}
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT extract(epoch FROM rw_bench_written_at - (started_at + "
-                "e2e_ms * interval '1 millisecond')) FROM monitor_proberesult "
-                # A scenario's calls are sent together when the whole scenario ends. A failed
-                # probe stores no end (no e2e): counted from its start, a 135 s header timeout
-                # would read as 135 s of ingest lag. Successful probes only.
-                "WHERE started_at >= %s AND started_at < %s AND outcome = 'ok' "
-                "AND e2e_ms IS NOT NULL AND scenario_id IS NULL",
-                [start, end],
-            )
-            lags = [float(r[0]) for r in cursor.fetchall()]
-            cursor.execute(
-                "SELECT count(*) FROM monitor_proberesult WHERE rw_bench_written_at >= %s "
-                "AND rw_bench_written_at < %s",
-                [start, end],
-            )
-            written = cursor.fetchone()[0]
-            cursor.execute(
-                "SELECT outcome, error_kind, count(*) FROM monitor_proberesult "
-                "WHERE started_at >= %s AND started_at < %s GROUP BY 1, 2 ORDER BY 3 DESC",
-                [start, end],
-            )
-            outcomes = cursor.fetchall()
-            measured = _timings(cursor, start, end)
-            lag_known = probe_stats.has_start_lag(cursor)
-            start_lags = probe_stats.start_lags_ms(cursor, start, end) if lag_known else []
-            late, unsent, other_missed = probe_stats.missed(cursor, start, end)
-            flight = [n for _, n in probe_stats.in_flight(cursor, start, end)]
-            # Of the probes that started in each phase (its first 2 s left out).
-            by_nice: dict[int, tuple[list[float], list[float]]] = {}
-            for nice, begun, ended in phases:
-                ttfts, e2es = _timings(cursor, begun + timedelta(seconds=2), ended)
-                kept = by_nice.setdefault(nice, ([], []))
-                kept[0].extend(ttfts)
-                kept[1].extend(e2es)
-        durations: dict[str, list[float]] = {}
-        skipped: dict[str, int] = {}  # runs that did nothing (the overview, not yet due)
-        for p in procs:
-            if p.component in ("ingest workers", "scheduler worker", "background worker"):
-                for m in SUCCEEDED.finditer(p.log.read_text(errors="replace")):
-                    if m.group(3).strip() == "None":
-                        skipped[m.group(1)] = skipped.get(m.group(1), 0) + 1
-                    else:
-                        durations.setdefault(m.group(1), []).append(float(m.group(2)))
-    finally:
-        pages.stop.set()
-        for p in reversed(procs):
-            p.stop()
+    def trees() -> dict[str, list[Any]]:
+        found = {n: [x for pid in pids for x in _tree(pid)] for n, pids in roots.items()}
+        return found | {"bench (pages)": _tree(os.getpid())[:1]}
 
-    expected = combos * ns.measure / ns.interval
-    print(
-        f"\nwindow {ns.measure} s ({start:%H:%M:%S}-{end:%H:%M:%S} UTC), ~{expected:,.0f} slots due"
-    )
-    # Slots the tick never created in the window (it fell behind) count as missed too.
-    absent = max(0, round(expected) - sum(counts.values()))
-    missed_ok = counts["missed"] == 0 and counts["dispatched"] == 0 and absent <= expected / 100
-    print(
-        f"  slots: {counts['done']:,} done, {counts['missed']:,} missed, {counts['dispatched']:,} "
-        f"still open{f' (swept {swept})' if swept else ''}, ~{absent:,} never created  "
-        f"{'ok' if missed_ok else 'MISSES TARGET'} (0 missed)"
-    )
-    print(
-        f"  missed results: {late:,} started late (a worker did not run them), {unsent:,} not "
-        f"sent (the tick created them too late), {other_missed:,} no result by the deadline"
-    )
-    if lag_known:
-        start_p99_s = _p(start_lags, 0.99) / 1000
-        print(
-            f"  start lag: p50 {_p(start_lags, 0.5):.0f} ms, p99 {start_p99_s * 1000:.0f} ms, max "
-            f"{max(start_lags, default=float('nan')):.0f} ms over {len(start_lags):,} probes  "
-            f"{'ok' if start_p99_s <= 1 else 'MISSES TARGET'} (p99 <= 1 s)"
-        )
-    else:
-        print("  start lag: not recorded by this version (no start_lag_ms column)")
-    shown = ", ".join(f"{o}/{k or '-'} {n}" for o, k, n in outcomes)
-    print(f"  outcomes of the window's rows: {shown}")
-    mean_flight = probe_stats.mean(flight)
-    per_k = mean_flight / 1000 or float("nan")  # none in flight: no per-1,000 figure
-    print(
-        f"  probes in flight (every 5 s): mean {mean_flight:,.0f}, max {max(flight, default=0):,}; "
-        f"region workers per 1,000 in flight: {cpu['region workers'] / per_k:.2f} cores, "
-        f"{rss['region workers'] / per_k:,.0f} MiB RSS ({len(slugs)} processes, "
-        f"{rss['region workers'] / len(slugs):,.0f} MiB each)"
-    )
-    ttfts, e2es = measured
-    print(
-        f"  measured: TTFT p50 {_p(ttfts, 0.5):.0f} ms, p99 {_p(ttfts, 0.99):.0f} ms; e2e p50 "
-        f"{_p(e2es, 0.5):.0f} ms, p99 {_p(e2es, 0.99):.0f} ms (compare runs at another "
-        "--worker-nice)"
-    )
-    lag_p99 = _p(lags, 0.99)
-    print(
-        f"  ingest lag: p50 {_p(lags, 0.5):.2f} s, p99 {lag_p99:.2f} s, max "
-        f"{max(lags) if lags else float('nan'):.2f} s over {len(lags):,} successful probes (scenario "
-        "calls left out)  "
-        f"{'ok' if lag_p99 < 5 else 'MISSES TARGET'} (p99 < 5 s)"
-    )
-    for task_name in (
-        "monitor.tasks.tick",
-        "monitor.tasks.ingest_results",
-        "monitor.tasks.refresh_overview",
-    ):
-        d = durations.get(task_name, [])
-        print(
-            f"  {task_name.split('.')[-1]:16} duration p50 {_p(d, 0.5) * 1000:7.0f} ms, "
-            f"p99 {_p(d, 0.99) * 1000:7.0f} ms ({len(d)} runs"
-            + (f"; {skipped[task_name]} skipped, not due" if task_name in skipped else "")
-            + ")"
-        )
-    print(f"  rows written: {written / wall:,.1f} /s (due: {combos / ns.interval:,.1f} /s)")
-    print(f"  {'component':18} {'CPU (cores)':>11} {'RSS (MiB)':>10}")
-    for name in cpu:
-        print(f"  {name:18} {cpu[name]:11.2f} {rss[name]:10.0f}")
-    print(
-        f"  {'page':14} {'idle p95':>9} {'load p50':>9} {'load p95':>9} {'load/idle':>9}"
-        f"  {'queries':>7} {'SQL p50':>8} {'SQL p95':>8} {'CPU p50':>8} {'CPU p95':>8} {'idle CPU':>8}"
-    )
-    worst = 0.0
-    for name, _url in urls:
-        base = idle.times.get(name, [])
-        during = pages.times.get(name, [])
-        p95 = _p(during, 0.95)
-        worst = max(worst, p95)
-        sql = pages.sql.get(name, [])
-        own = pages.cpu.get(name, [])
-        print(
-            f"  {name:14} {_p(base, 0.95):7.1f}ms {_p(during, 0.5):7.1f}ms {p95:7.1f}ms "
-            f"{p95 / _p(base, 0.95):8.1f}x  {pages.queries.get(name, 0):7} "
-            f"{_p(sql, 0.5):6.1f}ms {_p(sql, 0.95):6.1f}ms {_p(own, 0.5):6.1f}ms "
-            f"{_p(own, 0.95):6.1f}ms {_p(idle.cpu.get(name, []), 0.5):6.1f}ms  ({len(during)} reads)"
-        )
-    print(
-        f"  pages: worst p95 {worst:.1f} ms  {'ok' if worst < 100 else 'MISSES TARGET'} (< 100 ms); {pages.failed} failed reads"
-    )
+    cpu0 = {name: _cpu(ps) for name, ps in trees().items()}
+    start = datetime.now(UTC)
+    t0 = time.monotonic()
+    phases = _hold_window(ns, setup.alternate, pages, trees, t0)
+    wall = time.monotonic() - t0
+    end = datetime.now(UTC)
+    comps = trees()
+    cpu = {name: _used(cpu0[name], _cpu(ps)) / wall for name, ps in comps.items()}
+    rss = {name: _rss(ps) for name, ps in comps.items()}
+    pages.stop.set()
+    pages.join()
+    # One more tick after the window's end, so its last slots are created before beat
+    # stops (else up to a tick's worth of them counts as never created).
+    time.sleep(max(0.0, ns.tick + 2 - (time.monotonic() - t0 - wall)))
+    beat.stop()
+    counts, swept = _close_window(ns, setup, start, end)
+    window = _read_window(start, end, wall, cpu, rss, counts, swept, phases)
+    window.durations, window.skipped = _task_durations(procs)
+    return window
+
+
+def _hold_window(
+    ns: argparse.Namespace,
+    alternate: tuple[int, ...],
+    pages: Pages,
+    trees: Callable[[], dict[str, list[Any]]],
+    t0: float,
+) -> list[tuple[int, datetime, datetime]]:
+    """Let the window run (the workers' nice switched every phase with --alternate-nice);
+    returns (nice, start, end) of each phase, for the window's TTFT by phase."""
+    phases: list[tuple[int, datetime, datetime]] = []
     if alternate:
-        a, b = alternate
-        print(
-            f"  workers' nice alternated {a} and {b} every {ns.phase} s (same run): page p95 "
-            f"at {a} / at {b}, then probes' TTFT and e2e p50/p99 by the phase they started in"
+        workers = ("scheduler worker", "ingest workers", "region workers")
+        i = 0
+        while time.monotonic() - t0 < ns.measure:
+            nice = alternate[i % 2]
+            pids = [p.pid for c in workers for p in trees().get(c, [])]
+            pages.phase = None
+            _renice(pids, nice)
+            pages.phase = nice
+            begun = datetime.now(UTC)
+            time.sleep(max(0.0, min(ns.phase, ns.measure - (time.monotonic() - t0))))
+            phases.append((nice, begun, datetime.now(UTC)))
+            i += 1
+        pages.phase = None
+    else:
+        time.sleep(ns.measure)
+    return phases
+
+
+def _close_window(
+    ns: argparse.Namespace, setup: Setup, start: datetime, end: datetime
+) -> tuple[dict[str, int], int]:
+    """Close the window: every slot of it done or recorded missed (the sweep runs with the
+    tick, which has stopped: run it here once its deadlines have passed)."""
+    from monitor.models import ProbeSlot
+    from monitor.pipeline.ingest import results as ingest
+
+    # The window's last slots end by their deadline (the longest task's) and grace.
+    wait_until = time.monotonic() + setup.world.longest_timeout_s + ns.grace + 30
+    window = ProbeSlot.objects.filter(slot_at__gte=start, slot_at__lt=end)
+    while time.monotonic() < wait_until and window.filter(status="dispatched").exists():
+        time.sleep(2)
+    swept = 0
+    if window.filter(status="dispatched").exists():
+        while n := ingest.sweep_missed():
+            swept += n
+    counts = {s: window.filter(status=s).count() for s in ("done", "missed", "dispatched")}
+    return counts, swept
+
+
+def _read_window(
+    start: datetime,
+    end: datetime,
+    wall: float,
+    cpu: dict[str, float],
+    rss: dict[str, float],
+    counts: dict[str, int],
+    swept: int,
+    phases: list[tuple[int, datetime, datetime]],
+) -> Window:
+    """What the window stored: ingest lags, rows written, outcomes, timings, start lags."""
+    from django.db import connection
+
+    from bench import probe_stats
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT extract(epoch FROM rw_bench_written_at - (started_at + "
+            "e2e_ms * interval '1 millisecond')) FROM monitor_proberesult "
+            # A scenario's calls are sent together when the whole scenario ends. A failed
+            # probe stores no end (no e2e): counted from its start, a 135 s header timeout
+            # would read as 135 s of ingest lag. Successful probes only.
+            "WHERE started_at >= %s AND started_at < %s AND outcome = 'ok' "
+            "AND e2e_ms IS NOT NULL AND scenario_id IS NULL",
+            [start, end],
         )
-        for name, _url in urls:
-            got = pages.by_phase.get(name, {})
-            at_a, at_b = got.get(a, []), got.get(b, [])
-            print(
-                f"  {name:14} {_p(at_a, 0.95):7.1f}ms / {_p(at_b, 0.95):7.1f}ms  "
-                f"({len(at_a)} / {len(at_b)} reads)"
-            )
-        for nice in alternate:
-            ttfts, e2es = by_nice.get(nice, ([], []))
-            print(
-                f"  probes at nice {nice:2}: TTFT {_p(ttfts, 0.5):.0f}/{_p(ttfts, 0.99):.0f} ms, "
-                f"e2e {_p(e2es, 0.5):.0f}/{_p(e2es, 0.99):.0f} ms ({len(ttfts):,} probes)"
-            )
-    print(
-        "  where a read's time went under load, p50 / p95 (ms): the reader's CPU, its wait for a"
-        " CPU, its PostgreSQL backend's CPU and wait for a CPU"
+        lags = [float(r[0]) for r in cursor.fetchall()]
+        cursor.execute(
+            "SELECT count(*) FROM monitor_proberesult WHERE rw_bench_written_at >= %s "
+            "AND rw_bench_written_at < %s",
+            [start, end],
+        )
+        written = cursor.fetchone()[0]
+        cursor.execute(
+            "SELECT outcome, error_kind, count(*) FROM monitor_proberesult "
+            "WHERE started_at >= %s AND started_at < %s GROUP BY 1, 2 ORDER BY 3 DESC",
+            [start, end],
+        )
+        outcomes = cursor.fetchall()
+        measured = _timings(cursor, start, end)
+        lag_known = probe_stats.has_start_lag(cursor)
+        start_lags = probe_stats.start_lags_ms(cursor, start, end) if lag_known else []
+        late, unsent, other_missed = probe_stats.missed(cursor, start, end)
+        flight = [n for _, n in probe_stats.in_flight(cursor, start, end)]
+        # Of the probes that started in each phase (its first 2 s left out).
+        by_nice: dict[int, tuple[list[float], list[float]]] = {}
+        for nice, begun, ended in phases:
+            ttfts, e2es = _timings(cursor, begun + timedelta(seconds=2), ended)
+            kept = by_nice.setdefault(nice, ([], []))
+            kept[0].extend(ttfts)
+            kept[1].extend(e2es)
+    return Window(
+        start,
+        end,
+        wall,
+        cpu,
+        rss,
+        counts,
+        swept,
+        lags,
+        written,
+        outcomes,
+        measured,
+        lag_known,
+        start_lags,
+        late,
+        unsent,
+        other_missed,
+        flight,
+        by_nice,
+        {},
+        {},
     )
-    for name, _url in urls:
-        parts = (pages.cpu, pages.wait, pages.pg_cpu, pages.pg_wait)
-        shown = "  ".join(
-            f"{_p(part.get(name, []), 0.5):5.1f}/{_p(part.get(name, []), 0.95):5.1f}"
-            for part in parts
-        )
-        print(f"  {name:14} {shown}")
-    print("  each page's slowest queries under load, p50 / p95 (#n: its place in the page)")
-    for name, _url in urls:
-        found = pages.per_query.get(name, {})
-        top = sorted(found.items(), key=lambda kv: -_p(kv[1], 0.95))[:3]
-        shown = ", ".join(f"{label} {_p(v, 0.5):.1f}/{_p(v, 0.95):.1f}" for label, v in top)
-        print(f"  {name:14} {shown}")
-    with contextlib.suppress(Exception):
-        print(f"  machine load after: {os.getloadavg()}")
-    return 0
+
+
+def _task_durations(procs: list[Proc]) -> tuple[dict[str, list[float]], dict[str, int]]:
+    """Celery's own "succeeded in" of each task, from the workers' logs, and the runs that
+    did nothing (the overview, not yet due)."""
+    durations: dict[str, list[float]] = {}
+    skipped: dict[str, int] = {}
+    for p in procs:
+        if p.component in ("ingest workers", "scheduler worker", "background worker"):
+            for m in SUCCEEDED.finditer(p.log.read_text(errors="replace")):
+                if m.group(3).strip() == "None":
+                    skipped[m.group(1)] = skipped.get(m.group(1), 0) + 1
+                else:
+                    durations.setdefault(m.group(1), []).append(float(m.group(2)))
+    return durations, skipped
 
 
 def main() -> None:

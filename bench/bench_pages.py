@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -77,10 +78,10 @@ API_ROUTE = "API route answer"
 
 
 def measure(now: datetime, repeat: int) -> list[tuple[str, list[float], list[float] | None]]:
+    """Each page's server time over `repeat` reads, beside the naive query it replaced."""
     from django.contrib.auth.models import User
     from django.test import Client
 
-    from monitor.answer import board
     from monitor.api import tokens
     from monitor.models import ApiToken, Route, Task
 
@@ -98,7 +99,17 @@ def measure(now: datetime, repeat: int) -> list[tuple[str, list[float], list[flo
     # A fresh client per API request: no session, only the token.
     api_client = Client(SERVER_NAME="localhost")
     api_headers = {"Authorization": f"Bearer {issued.token}"}
+    get = _page_reader(client)
+    api = _api_reader(api_client, api_headers)
+    out = []
+    for name, page, naive in _pages(now, task, route, other, get, api):
+        page_ms = bench_scale._timeit(page, repeat)
+        naive_ms = bench_scale._timeit(naive, max(2, repeat // 10)) if naive else None
+        out.append((name, page_ms, naive_ms))
+    return out
 
+
+def _page_reader(client: Any) -> Callable[..., Callable[[], object]]:
     def get(url: str, htmx: bool = False) -> Callable[[], object]:
         headers = {"HX-Request": "true", "HX-Target": "overview-body"} if htmx else {}
 
@@ -106,11 +117,17 @@ def measure(now: datetime, repeat: int) -> list[tuple[str, list[float], list[flo
             response = client.get(url, headers=headers)
             assert response.status_code == 200, (url, response.status_code)
             if getattr(response, "streaming", False):
-                return b"".join(response.streaming_content)  # type: ignore[attr-defined]
+                return b"".join(response.streaming_content)
             return response.content
 
         return run
 
+    return get
+
+
+def _api_reader(
+    api_client: Any, api_headers: dict[str, str]
+) -> Callable[..., Callable[[], object]]:
     def api(url: str, revalidate: bool = False) -> Callable[[], object]:
         """One API request; `revalidate`: with the ETag of the last answer (a 304 unless the
         snapshot was rebuilt since, which the time of the rebuild then counts in)."""
@@ -126,6 +143,20 @@ def measure(now: datetime, repeat: int) -> list[tuple[str, list[float], list[flo
 
         return run
 
+    return api
+
+
+def _pages(
+    now: datetime,
+    task: Any,
+    route: Any,
+    other: Any,
+    get: Callable[..., Callable[[], object]],
+    api: Callable[..., Callable[[], object]],
+) -> list[tuple[str, Callable[[], object], Callable[[], object] | None]]:
+    """(name, read, the naive query it replaced) of every page and API answer measured."""
+    from monitor.answer import board
+
     day, week, month = (now - timedelta(days=d) for d in (1, 7, 30))
     task_sql = NAIVE_BY_TASK_ROUTE_REGION.replace("{task}", "AND task_id = %s")
     all_sql = (
@@ -139,7 +170,7 @@ def measure(now: datetime, repeat: int) -> list[tuple[str, list[float], list[flo
         board.forget()  # as if beat were down: this reader rebuilds the snapshot
         return get("/")()
 
-    pages: list[tuple[str, Callable[[], object], Callable[[], object] | None]] = [
+    return [
         ("overview", get("/"), _naive(all_sql, [day])),
         ("overview (htmx refresh)", get("/", htmx=True), None),
         ("overview, snapshot rebuilt", overview_rebuilt, _naive(all_sql, [day])),
@@ -187,12 +218,6 @@ def measure(now: datetime, repeat: int) -> list[tuple[str, list[float], list[flo
         ("API task list", api("/api/v1/tasks/"), None),
         ("API route list", api("/api/v1/routes/"), None),
     ]
-    out = []
-    for name, page, naive in pages:
-        page_ms = bench_scale._timeit(page, repeat)
-        naive_ms = bench_scale._timeit(naive, max(2, repeat // 10)) if naive else None
-        out.append((name, page_ms, naive_ms))
-    return out
 
 
 def main() -> None:

@@ -42,20 +42,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import mixes, probe_stats  # noqa: E402
-from bench.bench_load import (  # noqa: E402
-    PY,
-    SERVER_ONLY_SECRETS,
-    Proc,
-    _cpu,
-    _free_port,
-    _p,
-    _recreate,
-    _rss,
-    _schedstat,
-    _tree,
-    _used,
-    region_pool_args,
-)
+from bench.bench_load import PY, SERVER_ONLY_SECRETS, _recreate, region_pool_args  # noqa: E402
+from bench.load_pages import _schedstat  # noqa: E402
+from bench.load_procs import Proc, _cpu, _free_port, _rss, _tree, _used  # noqa: E402
+from bench.load_report import _p  # noqa: E402
 
 BENCH_DB = "routewatch_bench_region"
 REGION = "k0"
@@ -115,7 +105,7 @@ def _drain(redis_url: str, ticker: Ticker, most_s: float) -> None:
 
 
 def _beacon_in_flight() -> int | None:
-    from monitor.pipeline import liveness
+    from monitor.pipeline.region import liveness
 
     found = liveness.live_workers() or {}
     beacons = found.get(REGION, [])
@@ -148,8 +138,79 @@ class Ticker:
             time.sleep(min(self.next_at, until) - now)
 
 
+@dataclass
+class World:
+    """What preparing the run made: the bench's database, broker and world, the region's key."""
+
+    admin_url: str
+    redis_url: str
+    env: dict[str, str]
+    tmp: Path
+    sim_port: int
+    per_task: float  # probes in flight a task adds
+    task_count: int
+    key: str
+    region_args: list[str]
+
+
 def run(ns: argparse.Namespace) -> int:
+    """The bench in the order it runs: prepare, start the simulator, ingest and the region
+    worker, then raise the load step by step until start lag passes the knee, drain, report."""
     steps = [int(s) for s in ns.steps.split(",")]
+    world = _prepare(ns, steps)
+    from django.db import connection
+
+    from monitor.models import Task
+
+    sim, ingest, worker = _processes(world)
+    procs = [sim, ingest, worker]
+    _announce(ns, world, steps)
+    ticker = Ticker(ns.tick)
+    done: list[Step] = []
+    try:
+        for p in procs:
+            p.start()
+        time.sleep(8)
+        for p in procs:
+            if p.proc and p.proc.poll() is not None:
+                print(f"{p.name} exited ({p.proc.returncode}); see {p.log}")
+                return 1
+        assert worker.proc is not None
+        idle_rss = _rss(_tree(worker.proc.pid))
+        print(f"worker RSS idle: {idle_rss:.0f} MiB", flush=True)
+        ticker.next_at = time.monotonic()
+        active = 0
+        for target in steps:
+            wanted = min(world.task_count, math.ceil(target / world.per_task))
+            if wanted > active:
+                ids = list(Task.objects.order_by("pk").values_list("pk", flat=True))
+                Task.objects.filter(pk__in=ids[active:wanted]).update(is_active=True)
+                active = wanted
+            done.append(_hold_step(ns, ticker, target, active, sim, ingest, worker))
+            # The step before has ended by now: stop once its start lag passed the knee.
+            if len(done) >= 2 and _lag_p99_ms(done[-2]) > ns.knee_ms:
+                print(f"start lag p99 of step {done[-2].target} passed {ns.knee_ms} ms: stop")
+                break
+        Task.objects.update(is_active=False)
+        # The last probes end, and their results reach the database (a saturated worker or
+        # ingest can be minutes behind: the figures would lack the last steps' rows).
+        ticker.sleep(LONGEST_E2E_S)
+        _drain(world.redis_url, ticker, ns.drain)
+    finally:
+        for p in reversed(procs):
+            p.stop()
+        connection.close()
+    _report(done, idle_rss, ticker)
+    with contextlib.suppress(Exception):
+        print(f"  machine load after: {os.getloadavg()}")
+    if not ns.keep_db:
+        _recreate(world.admin_url, BENCH_DB)  # empty again: nothing large left under ./var
+    return 0
+
+
+def _prepare(ns: argparse.Namespace, steps: list[int]) -> World:
+    """A fresh database, the bench's own broker database, the knee world's tasks (inactive:
+    the steps switch them on) and a key for the region."""
     admin_url = os.environ["DATABASE_URL"]
     url = _recreate(admin_url, BENCH_DB)
     redis = urlsplit(os.environ["REDIS_URL"])
@@ -176,7 +237,6 @@ def run(ns: argparse.Namespace) -> int:
 
     django.setup()
     import redis as redis_client
-    from django.db import connection
 
     from monitor.models import Task
 
@@ -202,12 +262,18 @@ def run(ns: argparse.Namespace) -> int:
         text=True,
     ).stdout.strip()
     region_args = region_pool_args(ns.region_concurrency)
+    return World(admin_url, redis_url, env, tmp, sim_port, per_task, task_count, key, region_args)
+
+
+def _processes(world: World) -> tuple[Proc, Proc, Proc]:
+    """The simulator, an ingest worker and the region worker, not started yet."""
+    env, tmp = world.env, world.tmp
     celery = [PY, "-m", "celery", "-A", "monitor"]
     common = ["--loglevel", "INFO", "--without-gossip", "--without-mingle"]
     sim = Proc(
         "simulator",
         "simulator",
-        [PY, "-m", "simulator", "--config", str(KNEE.config), "--port", str(sim_port)],
+        [PY, "-m", "simulator", "--config", str(KNEE.config), "--port", str(world.sim_port)],
         env,
         tmp / "simulator.log",
     )
@@ -218,114 +284,82 @@ def run(ns: argparse.Namespace) -> int:
         env,
         tmp / "ingest.log",
     )
+    queue = ["--queues", f"probes.{REGION}", "--hostname", f"{REGION}@%h"]
     worker = Proc(
         "region",
         "region worker",
-        [
-            *celery,
-            "worker",
-            *common,
-            "--queues",
-            f"probes.{REGION}",
-            "--hostname",
-            f"{REGION}@%h",
-            *region_args,
-        ],
+        [*celery, "worker", *common, *queue, *world.region_args],
         {
             **env,
             **dict.fromkeys(SERVER_ONLY_SECRETS, ""),
             "RW_WORKER_ONLY": "true",
             "RW_REGION": REGION,
-            "RW_REGION_KEYS": key,
+            "RW_REGION_KEYS": world.key,
             "RW_SPOOL_DIR": str(tmp / "spool-region"),
             # Out of the way: the process, not its configured bound, is what is measured.
             "RW_PROBES_IN_FLIGHT": "100000",
         },
         tmp / "region.log",
     )
-    procs = [sim, ingest, worker]
+    return sim, ingest, worker
+
+
+def _announce(ns: argparse.Namespace, world: World, steps: list[int]) -> None:
     print(
-        f"region worker: {' '.join(region_args)}, RW_PROBES_IN_FLIGHT=100000; routes "
+        f"region worker: {' '.join(world.region_args)}, RW_PROBES_IN_FLIGHT=100000; routes "
         f"{', '.join(KNEE.models[0])} (e2e ~28 and ~52 s); tasks of {ROUTES_PER_TASK} routes, "
-        f"a probe a route every {ns.interval} s (~{per_task:.0f} in flight a task); tick every "
+        f"a probe a route every {ns.interval} s (~{world.per_task:.0f} in flight a task); tick every "
         f"{ns.tick} s (in this process); steps {steps}, each settling "
-        f"{ns.interval + LONGEST_E2E_S:.0f} s then held {ns.hold} s; logs in {tmp}",
+        f"{ns.interval + LONGEST_E2E_S:.0f} s then held {ns.hold} s; logs in {world.tmp}",
         flush=True,
     )
-    ticker = Ticker(ns.tick)
-    done: list[Step] = []
-    try:
-        for p in procs:
-            p.start()
-        time.sleep(8)
-        for p in procs:
-            if p.proc and p.proc.poll() is not None:
-                print(f"{p.name} exited ({p.proc.returncode}); see {p.log}")
-                return 1
-        assert worker.proc is not None
-        assert sim.proc is not None
-        assert ingest.proc is not None
-        idle_rss = _rss(_tree(worker.proc.pid))
-        print(f"worker RSS idle: {idle_rss:.0f} MiB", flush=True)
-        ticker.next_at = time.monotonic()
-        active = 0
-        for target in steps:
-            wanted = min(task_count, math.ceil(target / per_task))
-            if wanted > active:
-                ids = list(Task.objects.order_by("pk").values_list("pk", flat=True))
-                Task.objects.filter(pk__in=ids[active:wanted]).update(is_active=True)
-                active = wanted
-            ticker.sleep(ns.interval + LONGEST_E2E_S)
-            trees = {
-                "worker": _tree(worker.proc.pid),
-                "sim": _tree(sim.proc.pid),
-                "ingest": _tree(ingest.proc.pid),
-            }
-            cpu0 = {name: _cpu(ps) for name, ps in trees.items()}
-            waited0 = _waited_s(worker.proc.pid)
-            hold_start = datetime.now(UTC)
-            t0 = time.monotonic()
-            ticker.sleep(ns.hold)
-            wall = time.monotonic() - t0
-            cores = {name: _used(cpu0[name], _cpu(ps)) / wall for name, ps in trees.items()}
-            step = Step(
-                target,
-                active,
-                hold_start,
-                datetime.now(UTC),
-                cores["worker"],
-                _rss(trees["worker"]),
-                (_waited_s(worker.proc.pid) - waited0) / wall,
-                cores["sim"],
-                cores["ingest"],
-                _beacon_in_flight(),
-            )
-            done.append(step)
-            print(
-                f"step {target}: {active} tasks, worker {step.worker_cpu:.2f} cores (waited "
-                f"{step.worker_wait:.2f} s/s for a CPU), {step.worker_rss_mib:.0f} MiB; beacon: "
-                f"{step.beacon_in_flight} in flight; load {os.getloadavg()[0]:.1f}",
-                flush=True,
-            )
-            # The step before has ended by now: stop once its start lag passed the knee.
-            if len(done) >= 2 and _lag_p99_ms(done[-2]) > ns.knee_ms:
-                print(f"start lag p99 of step {done[-2].target} passed {ns.knee_ms} ms: stop")
-                break
-        Task.objects.update(is_active=False)
-        # The last probes end, and their results reach the database (a saturated worker or
-        # ingest can be minutes behind: the figures would lack the last steps' rows).
-        ticker.sleep(LONGEST_E2E_S)
-        _drain(redis_url, ticker, ns.drain)
-    finally:
-        for p in reversed(procs):
-            p.stop()
-        connection.close()
-    _report(done, idle_rss, ticker)
-    with contextlib.suppress(Exception):
-        print(f"  machine load after: {os.getloadavg()}")
-    if not ns.keep_db:
-        _recreate(admin_url, BENCH_DB)  # empty again: nothing large left under ./var
-    return 0
+
+
+def _hold_step(
+    ns: argparse.Namespace,
+    ticker: Ticker,
+    target: int,
+    active: int,
+    sim: Proc,
+    ingest: Proc,
+    worker: Proc,
+) -> Step:
+    """One step: let it settle, then hold it and measure the processes over the hold."""
+    assert worker.proc is not None
+    assert sim.proc is not None
+    assert ingest.proc is not None
+    ticker.sleep(ns.interval + LONGEST_E2E_S)
+    trees = {
+        "worker": _tree(worker.proc.pid),
+        "sim": _tree(sim.proc.pid),
+        "ingest": _tree(ingest.proc.pid),
+    }
+    cpu0 = {name: _cpu(ps) for name, ps in trees.items()}
+    waited0 = _waited_s(worker.proc.pid)
+    hold_start = datetime.now(UTC)
+    t0 = time.monotonic()
+    ticker.sleep(ns.hold)
+    wall = time.monotonic() - t0
+    cores = {name: _used(cpu0[name], _cpu(ps)) / wall for name, ps in trees.items()}
+    step = Step(
+        target,
+        active,
+        hold_start,
+        datetime.now(UTC),
+        cores["worker"],
+        _rss(trees["worker"]),
+        (_waited_s(worker.proc.pid) - waited0) / wall,
+        cores["sim"],
+        cores["ingest"],
+        _beacon_in_flight(),
+    )
+    print(
+        f"step {target}: {active} tasks, worker {step.worker_cpu:.2f} cores (waited "
+        f"{step.worker_wait:.2f} s/s for a CPU), {step.worker_rss_mib:.0f} MiB; beacon: "
+        f"{step.beacon_in_flight} in flight; load {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
+    return step
 
 
 def _lag_p99_ms(step: Step) -> float:

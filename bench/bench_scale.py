@@ -219,7 +219,8 @@ def measure_ingest(now: datetime, count: int, batch: int) -> tuple[float, float]
     from django.db import connection, transaction
 
     from monitor.models import ProbeResult, Region, Route, Task
-    from monitor.pipeline import ingest
+    from monitor.pipeline.ingest import results as ingest
+    from monitor.pipeline.ingest import rows as ingest_rows
 
     task = Task.objects.get(slug="t0")
     routes = list(task.routes.order_by("pk"))
@@ -264,7 +265,9 @@ def measure_ingest(now: datetime, count: int, batch: int) -> tuple[float, float]
     for i in range(0, count, batch):
         stamp = datetime.now(UTC)
         rows = [
-            ProbeResult(**dict(zip(names, ingest.row_from_payload(p, prices, stamp), strict=True)))
+            ProbeResult(
+                **dict(zip(names, ingest_rows.row_from_payload(p, prices, stamp), strict=True))
+            )
             for p in plain[i : i + batch]
         ]
         with transaction.atomic():

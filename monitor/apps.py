@@ -13,9 +13,9 @@ def without_jit(connection: BaseDatabaseWrapper, **_: Any) -> None:
     and index-driven, but their cost estimates grow with the data (a route's 7-day comparison
     rows: 71,000 after one day at 3,600 combinations), and past jit_above_cost (100,000) each
     execution compiles first: +25 ms for the route page's comparison rows on PostgreSQL 15,
-    +200 ms past jit_optimize_above_cost (500,000), for a query of 120 ms (README,
-    "Scaling"). Official PostgreSQL images have JIT on; the embedded server has no JIT. A
-    session setting, so poolers that refuse startup options (PgBouncer) are fine."""
+    +200 ms past jit_optimize_above_cost (500,000), for a query of 120 ms
+    (docs/scaling.md). Official PostgreSQL images have JIT on; the embedded server has no JIT.
+    A session setting, so poolers that refuse startup options (PgBouncer) are fine."""
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute("SET jit = off")

@@ -44,7 +44,7 @@ def _lower_worker_priority(**_: Any) -> None:
     """Workers (ingest, scheduler; region workers at RW_REGION_WORKER_NICE, 0 by default: their
     start lag counts every wait for a CPU) give the web the CPU first on a shared machine:
     measured with `make bench-load --alternate-nice 0,10`, page p95 under load falls by more
-    than half; the price is a few ms on probes' TTFT p99 there (docs/deployment.md, "Scaling")."""
+    than half; the price is a few ms on probes' TTFT p99 there (docs/scaling.md)."""
     from django.conf import settings
 
     region = bool(getattr(settings, "RW_REGION", ""))

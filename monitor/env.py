@@ -15,7 +15,7 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
-class ConfigError(Exception):
+class SettingsError(Exception):
     """A setting from the environment is missing or malformed."""
 
 
@@ -37,7 +37,9 @@ def envbool(name: str, default: bool = False, env: Mapping[str, str] | None = No
         return True
     if lowered in _FALSE:
         return False
-    raise ConfigError(f"{name} must be a boolean (true/false, 1/0, yes/no, on/off), got {value!r}")
+    raise SettingsError(
+        f"{name} must be a boolean (true/false, 1/0, yes/no, on/off), got {value!r}"
+    )
 
 
 def envint(
@@ -54,11 +56,11 @@ def envint(
     try:
         number = int(value.strip())
     except ValueError:
-        raise ConfigError(f"{name} must be an integer, got {value!r}") from None
+        raise SettingsError(f"{name} must be an integer, got {value!r}") from None
     if minimum is not None and number < minimum:
-        raise ConfigError(f"{name} must be at least {minimum}, got {number}")
+        raise SettingsError(f"{name} must be at least {minimum}, got {number}")
     if maximum is not None and number > maximum:
-        raise ConfigError(f"{name} must be at most {maximum}, got {number}")
+        raise SettingsError(f"{name} must be at most {maximum}, got {number}")
     return number
 
 
@@ -76,7 +78,7 @@ def envsecret(name: str, default: str = "", env: Mapping[str, str] | None = None
         try:
             return Path(path).read_text().strip()
         except OSError as exc:
-            raise ConfigError(
+            raise SettingsError(
                 f"{name}_FILE points to {path!r}, which cannot be read: {exc.strerror}"
             ) from None
     return envstr(name, default, env)

@@ -13,7 +13,7 @@ import os
 
 # The longest probe deadline a task may set (Task.probe_timeout_s).
 PROBE_TIMEOUT_MAX_S = 900
-# A region batch spreads its starts over at most this (monitor.pipeline.worker).
+# A region batch spreads its starts over at most this (monitor.pipeline.region.worker).
 BATCH_SPREAD_MAX_S = 10
 # After its last probe ends, a batch grades answers and publishes its results (a publish that
 # fails goes to the local spool after a few seconds of retries).

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from monitor import limits
-from monitor.pipeline import liveness
+from monitor.pipeline.region import liveness
 
 # A health file older than this means a hung or dead worker (it is written every 2 s).
 HEALTH_MAX_AGE_S = 30.0

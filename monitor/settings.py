@@ -20,7 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from monitor import limits
 from monitor.crypto import fernet_key_is_valid
-from monitor.env import ConfigError, envbool, envint, envlist, envsecret, envstr
+from monitor.env import SettingsError, envbool, envint, envlist, envsecret, envstr
 
 # The type parameters django-stubs gives Django's classes (ModelAdmin[Task], ModelForm[Task])
 # work at run time too; before any model or admin class is defined.
@@ -64,11 +64,11 @@ try:
     # A region worker whose clock is further than this from the broker's (Redis TIME, the
     # central clock) refuses work, with a logged reason, until its time sync is fixed; within
     # it, the worker judges expiry and start times by the central clock (its own plus the
-    # measured offset: monitor.pipeline.clock).
+    # measured offset: monitor.pipeline.region.clock).
     CLOCK_TOLERANCE_SECONDS = envint("RW_CLOCK_TOLERANCE_SECONDS", 300, minimum=1, maximum=3600)
     # A region worker that has taken nothing for this long while messages wait in its queue and
     # it has threads free has stopped consuming (celery#10205): it exits, and its supervisor
-    # starts it again (monitor.pipeline.liveness).
+    # starts it again (monitor.pipeline.region.liveness).
     CONSUMER_STALL_SECONDS = envint("RW_CONSUMER_STALL_SECONDS", 20, minimum=5, maximum=3600)
     # A region worker holds no SECRET_KEY, database, mail or master key: its region's own
     # secrets (RW_REGION_KEYS, "key_id:secret,...") authenticate what it is sent and open
@@ -99,7 +99,7 @@ try:
     DASHBOARD_REFRESH_SECONDS = envint("DASHBOARD_REFRESH_SECONDS", 15, minimum=1, maximum=3600)
     METRICS_BEARER_TOKEN = envsecret("METRICS_BEARER_TOKEN")
     # OTLP/HTTP export of each stored probe as OpenTelemetry GenAI metrics, from ingest
-    # (monitor.pipeline.genai_otlp); off unless one of these is set. The SDK reads the rest
+    # (monitor.pipeline.ingest.genai_otlp); off unless one of these is set. The SDK reads the rest
     # (OTEL_EXPORTER_OTLP_HEADERS, OTEL_METRIC_EXPORT_INTERVAL, OTEL_SERVICE_NAME, ...).
     OTEL_EXPORTER_OTLP_ENDPOINT = envstr("OTEL_EXPORTER_OTLP_ENDPOINT")
     OTEL_EXPORTER_OTLP_METRICS_ENDPOINT = envstr("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
@@ -143,7 +143,7 @@ try:
     # the batch's end, up to one tick later). Smaller: less ingest lag, more ingest messages.
     RESULT_FLUSH_SECONDS = envint("RW_RESULT_FLUSH_SECONDS", 2, minimum=0, maximum=60)
     # A region worker process runs at most this many probes at once, across all the batches,
-    # races and scenarios it holds (monitor.pipeline.worker); past it, probes wait and their
+    # races and scenarios it holds (monitor.pipeline.region.worker); past it, probes wait and their
     # start lag grows. The engine carries well over 1,000 streams a process (bench/RESULTS.md).
     PROBES_IN_FLIGHT_MAX = envint("RW_PROBES_IN_FLIGHT", 2000, minimum=1, maximum=100_000)
     # A probe that would start more than this after its planned start is not run: its slot is
@@ -174,7 +174,7 @@ try:
     DIGEST_REGRESSION_PCT = envint("DIGEST_REGRESSION_PCT", 20, minimum=1, maximum=1000)
     DIGEST_UNSUBSCRIBE_MAX_AGE_DAYS = envint("DIGEST_UNSUBSCRIBE_MAX_AGE_DAYS", 90, minimum=1)
     LOG_LEVEL = envstr("LOG_LEVEL", "INFO").upper()
-except ConfigError as exc:
+except SettingsError as exc:
     raise _fail(str(exc)) from None
 
 # Values a deployment must replace (the .env.example placeholders, and the like).
@@ -356,7 +356,7 @@ LOGOUT_REDIRECT_URL = "login"
 SESSION_COOKIE_HTTPONLY = True
 try:
     SESSION_COOKIE_SECURE = envbool("SECURE_COOKIES", SITE_URL.startswith("https://"))
-except ConfigError as exc:
+except SettingsError as exc:
     raise _fail(str(exc)) from None
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 SECURE_CONTENT_TYPE_NOSNIFF = True

@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from celery import Task, shared_task
 from celery.signals import task_received, worker_init, worker_ready
@@ -30,34 +30,33 @@ from django.utils import timezone
 from monitor import limits, partitions
 from monitor.answer import board
 from monitor.digest import sending
-from monitor.models import Heartbeat
-from monitor.pipeline import (
-    clock,
-    ingest,
-    liveness,
-    outbox,
-    queues,
-    races,
-    scenarios,
-    scheduling,
-    signing,
-    spool,
-    worker,
-)
+from monitor.models import HEARTBEAT_TICK, Heartbeat
+from monitor.pipeline import queues, signing
+from monitor.pipeline.beat import scheduling
+from monitor.pipeline.ingest import races as race_results
+from monitor.pipeline.ingest import results as probe_results
+from monitor.pipeline.ingest import retention
+from monitor.pipeline.ingest import scenarios as scenario_results
 from monitor.pipeline.messages import (
     INGEST_QUEUE,
     RUN_PROBE_BATCH,
     RUN_RACE,
     RUN_SCENARIO,
     Dispatch,
+    RaceResult,
     ResultPayload,
+    ScenarioPayload,
     race_result_to_json,
     results_to_json,
     scenario_payload_to_json,
 )
+from monitor.pipeline.region import clock, liveness, outbox, spool, worker
+from monitor.pipeline.region import scenarios as scenario_runs
 from probes.tokenizer import count_tokens
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def beat(name: str) -> None:
@@ -75,13 +74,13 @@ SWEEP_MAX = 5000
 def tick() -> dict[str, int]:
     """Beat's periodic tick: record missed slots, then claim and send the due ones. Returns
     slots sent per region slug, and the number of races sent under "races"."""
-    beat("tick")
+    beat(HEARTBEAT_TICK)
     # Missed slots in short transactions (each holds its slots' and rollups' row locks, which
     # ingest workers wait on), up to SWEEP_MAX a tick.
     for _ in range(SWEEP_MAX // SWEEP_CHUNK):
-        if ingest.sweep_missed(limit=SWEEP_CHUNK) < SWEEP_CHUNK:
+        if probe_results.sweep_missed(limit=SWEEP_CHUNK) < SWEEP_CHUNK:
             break
-    races.sweep_missed()
+    race_results.sweep_missed()
     return {"races": 0} | send(scheduling.plan())
 
 
@@ -94,7 +93,7 @@ REGION_TASK_OPTIONS: dict[str, Any] = {
     **limits.region_task_limits(),
 }
 
-# Publishing results: a few seconds of retries, then the local spool (monitor.pipeline.spool).
+# Publishing results: a few seconds of retries, then the local spool (monitor.pipeline.region.spool).
 _PUBLISH_RETRY = {"max_retries": 4, "interval_start": 0.5, "interval_step": 1, "interval_max": 2}
 
 
@@ -174,12 +173,12 @@ def _warm_the_engine(**_: Any) -> None:
     tokenizer's tables: seconds on a busy machine, while every other probe waits)."""
     if settings.RW_REGION:
         count_tokens("warm up")
-        # Its clock against the central one before its first message (monitor.pipeline.clock).
+        # Its clock against the central one before its first message (monitor.pipeline.region.clock).
         with contextlib.suppress(Exception):
             clock.measure()
 
 
-# When this region worker last took a message (monitor.pipeline.liveness.Consumer).
+# When this region worker last took a message (monitor.pipeline.region.liveness.Consumer).
 CONSUMER = liveness.Consumer(started=time.monotonic())
 # Messages refused because this worker's clock was beyond the tolerance.
 _refused_for_clock = 0
@@ -193,7 +192,7 @@ def _consumed(**_: Any) -> None:
 
 def _clock_refuses(what: str) -> bool:
     """Refuse a message, with the reason logged, when this worker's clock is too far off the
-    central one to judge its expiry and planned starts (monitor.pipeline.clock)."""
+    central one to judge its expiry and planned starts (monitor.pipeline.region.clock)."""
     global _refused_for_clock
     if clock.offset_s() is None:
         with contextlib.suppress(Exception):
@@ -216,7 +215,7 @@ def _version() -> str:
 def _stop_for_restart(reason: str) -> None:
     """Exit so the supervisor starts this worker again: a warm shutdown, then a hard exit
     after 3 s (a consumer broken this way can hang its own shutdown: seen after a TCP reset
-    and after a cut, tests/monitor/test_remote_region.py); results already sent are kept, the rest of its
+    and after a cut, tests/monitor/pipeline/test_remote_region.py); results already sent are kept, the rest of its
     running batches are recorded missed at their deadlines."""
     log.error("%s; exiting so that its supervisor restarts it", reason)
     threading.Timer(3.0, os._exit, args=(75,)).start()
@@ -226,7 +225,7 @@ def _stop_for_restart(reason: str) -> None:
 @worker_ready.connect
 def _start_liveness_beacon(sender: Any = None, **_: Any) -> None:
     """A region worker says it is alive, and what it carries, every few seconds
-    (monitor.pipeline.liveness): the Status page and the overview's banner read it."""
+    (monitor.pipeline.region.liveness): the Status page and the overview's banner read it."""
     consumer = getattr(sender, "task_consumer", None)
     names = {q.name for q in getattr(consumer, "queues", ())}
     region = settings.RW_REGION
@@ -301,41 +300,59 @@ def _start_liveness_beacon(sender: Any = None, **_: Any) -> None:
     _every(liveness.BEAT_SECONDS, beat, "liveness-beacon")
 
 
+def _open_and_run(
+    message: dict[str, Any], kind: str, what: str, run: Callable[[str, Any], T]
+) -> tuple[str, T] | None:
+    """What every region task does around its work, written once: refuse the message while
+    this worker's clock is too far off the central one, open its envelope (signed for this
+    region, unexpired, not seen before: monitor.pipeline.signing), publish what the spool
+    holds, then run the body while the worker holds it (worker.holding). Returns the key id
+    that opened it (results are sealed with it) and what `run` returned; None when refused."""
+    if _clock_refuses(what):
+        return None
+    try:
+        key_id, body = signing.open_dispatch(message, kind)
+    except signing.Refused as exc:
+        log.error("refused a %s: %s", what, exc)
+        return None
+    flush_spool()
+    with worker.holding():
+        return key_id, run(key_id, body)
+
+
+def _reply(key_id: str, kind: str, spool_kind: spool.SpoolKind, body: object, count: int) -> None:
+    """Results leave signed with the key that opened their message (spooled ones too)."""
+    publish_or_spool(spool_kind, signing.seal_results(key_id, kind, body), count)
+
+
 @shared_task(name=RUN_PROBE_BATCH, **REGION_TASK_OPTIONS)  # "monitor.tasks.run_probe_batch"
 def run_probe_batch(batch: dict[str, Any]) -> int:
     """On a region worker: run a batch of probes, send the results to ingest over the broker
-    (or to the local spool while the broker cannot take them). Only a batch signed for this
-    region, unexpired and not seen before, is run; its results are signed before they leave,
-    so spooled results are signed too."""
-    if _clock_refuses("probe batch"):
-        return 0
-    try:
-        key_id, body = signing.open_dispatch(batch, signing.KIND_BATCH)
-    except signing.Refused as exc:
-        log.error("refused a probe batch: %s", exc)
-        return 0
-    flush_spool()
-    tickets = [0]
+    (or to the local spool while the broker cannot take them)."""
 
-    def send(results: list[ResultPayload]) -> None:
-        tickets.append(RESULTS_OUTBOX.put(key_id, results))
+    def run(key_id: str, body: Any) -> int:
+        tickets = [0]
 
-    # Results leave as their probes end (worker.run_batch), with every other batch's of this
-    # process (the outbox: one message per key every RESULT_FLUSH_SECONDS); the batch ends,
-    # and is acknowledged, once all of its own have left.
-    with worker.holding():
+        def send(results: list[ResultPayload]) -> None:
+            tickets.append(RESULTS_OUTBOX.put(key_id, results))
+
+        # Results leave as their probes end (worker.run_batch), with every other batch's of
+        # this process (the outbox: one message per key every RESULT_FLUSH_SECONDS); the batch
+        # ends, and is acknowledged, once all of its own have left.
         try:
             return len(worker.run_batch(body, emit=send, every_s=HAND_OVER_SECONDS))
         finally:
             RESULTS_OUTBOX.wait(max(tickets))
 
+    done = _open_and_run(batch, signing.KIND_BATCH, "probe batch", run)
+    return 0 if done is None else done[1]
+
 
 def _send_results(key_id: str, results: list[ResultPayload]) -> None:
-    sealed = signing.seal_results(key_id, signing.KIND_RESULTS, results_to_json(results))
-    publish_or_spool("results", sealed, len(results))
+    _reply(key_id, signing.KIND_RESULTS, "results", results_to_json(results), len(results))
 
 
-# monitor.pipeline.outbox: a region worker process's results, from all of its batches.
+# monitor.pipeline.region.outbox: a region worker process's results, from all of its batches.
 RESULTS_OUTBOX: outbox.Outbox[ResultPayload] = outbox.Outbox(
     _send_results, float(settings.RESULT_FLUSH_SECONDS)
 )
@@ -348,6 +365,21 @@ HAND_OVER_SECONDS = 0.25
 # results'), is retried with backoff (1 s, 2 s, 4 s, ... capped), and after INGEST_RETRY_MAX
 # retries the message (still signed) is parked in the dead-letter list, never dropped.
 _RETRIED_ERRORS = (OperationalError, InterfaceError, signing.KeyUnavailable)
+
+
+def _ingest_or_retry(
+    task: Task[Any, Any],
+    kind: queues.DeadLetterKind,
+    body: dict[str, Any],
+    store: Callable[[object], T],
+    refused: T,
+) -> T:
+    """What every ingest task does around its store, written once: retried or parked."""
+    try:
+        return store(body)
+    except _RETRIED_ERRORS as exc:
+        _retry_or_park(task, kind, body, exc)
+        return refused
 
 
 def _retry_or_park(
@@ -373,11 +405,7 @@ def _retry_or_park(
 )
 def ingest_results(self: Task[Any, Any], results: dict[str, Any]) -> int:
     """Results signed by a region worker: stored only for that region's open slots."""
-    try:
-        return ingest.ingest_signed(results)
-    except _RETRIED_ERRORS as exc:
-        _retry_or_park(self, "results", results, exc)
-        return 0
+    return _ingest_or_retry(self, "results", results, probe_results.ingest_signed, 0)
 
 
 @shared_task(name="monitor.tasks.refresh_overview")
@@ -393,7 +421,7 @@ def refresh_overview() -> int | None:
 
 @shared_task(name="monitor.tasks.delete_old_results")
 def delete_old_results() -> int:
-    return ingest.delete_old_results(settings.RAW_RETENTION_DAYS)
+    return retention.delete_old_results(settings.RAW_RETENTION_DAYS)
 
 
 @shared_task(name="monitor.tasks.ensure_partitions")
@@ -405,55 +433,43 @@ def ensure_partitions() -> int:
 @shared_task(name=RUN_RACE, **REGION_TASK_OPTIONS)  # "monitor.tasks.run_race"
 def run_race(message: dict[str, Any]) -> str | None:
     """On a region worker: run one race, send its result to ingest over the broker."""
-    if _clock_refuses("race message"):
+    done = _open_and_run(message, signing.KIND_RACE, "race message", _run_race)
+    if done is None:
         return None
-    try:
-        key_id, body = signing.open_dispatch(message, signing.KIND_RACE)
-    except signing.Refused as exc:
-        log.error("refused a race message: %s", exc)
-        return None
-    flush_spool()
-    with worker.holding():
-        result = worker.run_race(body)
+    key_id, result = done
     if result is None:
         return None
-    sealed = signing.seal_results(key_id, signing.KIND_RACE_RESULT, race_result_to_json(result))
-    publish_or_spool("race", sealed, 1)
+    _reply(key_id, signing.KIND_RACE_RESULT, "race", race_result_to_json(result), 1)
     return result["winner_route_id"]
+
+
+def _run_race(_key_id: str, body: Any) -> RaceResult | None:
+    return worker.run_race(body)
 
 
 @shared_task(
     name="monitor.tasks.ingest_race", bind=True, acks_late=True, reject_on_worker_lost=True
 )
 def ingest_race(self: Task[Any, Any], result: dict[str, Any]) -> bool:
-    try:
-        return races.ingest_signed(result)
-    except _RETRIED_ERRORS as exc:
-        _retry_or_park(self, "race", result, exc)
-        return False
+    return _ingest_or_retry(self, "race", result, race_results.ingest_signed, False)
 
 
 @shared_task(name=RUN_SCENARIO, **REGION_TASK_OPTIONS)  # "monitor.tasks.run_scenario"
 def run_scenario(message: dict[str, Any]) -> str | None:
     """On a region worker: run one scenario, send its result to ingest over the broker (or to
     the local spool while the broker cannot take it)."""
-    if _clock_refuses("scenario message"):
+    done = _open_and_run(message, signing.KIND_SCENARIO, "scenario message", _run_scenario)
+    if done is None:
         return None
-    try:
-        key_id, body = signing.open_dispatch(message, signing.KIND_SCENARIO)
-    except signing.Refused as exc:
-        log.error("refused a scenario message: %s", exc)
-        return None
-    flush_spool()
-    with worker.holding():
-        result = scenarios.run(body)
+    key_id, result = done
     if result is None:
         return None
-    sealed = signing.seal_results(
-        key_id, signing.KIND_SCENARIO_RESULT, scenario_payload_to_json(result)
-    )
-    publish_or_spool("scenario", sealed, 1)
+    _reply(key_id, signing.KIND_SCENARIO_RESULT, "scenario", scenario_payload_to_json(result), 1)
     return result["outcome"]
+
+
+def _run_scenario(_key_id: str, body: Any) -> ScenarioPayload | None:
+    return scenario_runs.run(body)
 
 
 @shared_task(
@@ -461,11 +477,7 @@ def run_scenario(message: dict[str, Any]) -> str | None:
 )
 def ingest_scenario(self: Task[Any, Any], result: dict[str, Any]) -> bool:
     """A scenario result signed by a region worker: stored only for that region's open slot."""
-    try:
-        return scenarios.ingest_signed(result)
-    except _RETRIED_ERRORS as exc:
-        _retry_or_park(self, "scenario", result, exc)
-        return False
+    return _ingest_or_retry(self, "scenario", result, scenario_results.ingest_signed, False)
 
 
 @shared_task(
@@ -502,7 +514,7 @@ def send(dispatches: list[Dispatch]) -> dict[str, int]:
             continue
         # No Celery `expires`: Celery compares it with the worker's own clock and discards the
         # message unlogged ("revoked") when that clock runs ahead; the signed expiry is checked
-        # by the worker in central time (monitor.pipeline.clock), and a refusal is logged.
+        # by the worker in central time (monitor.pipeline.region.clock), and a refusal is logged.
         task.apply_async(args=(sealed,), queue=d.queue)
         sent[d.tally_key] = sent.get(d.tally_key, 0) + d.tally
     return sent

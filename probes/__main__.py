@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from probes.batch import run_batch
 from probes.errors import Kind
 from probes.formats import WIRE_FORMATS
-from probes.model import BODY_ENCODINGS, BODY_JSON, TOKEN_LIMIT_PARAMS, ProbeResult, ProbeSpec
+from probes.model import BODY_ENCODINGS, BODY_JSON, TOKEN_LIMIT_PARAMS, Measurement, ProbeSpec
 from probes.transport import warm_clients
 
 _KINDS = {k.value: k for k in Kind}
@@ -37,7 +37,7 @@ def _fmt(value: float | None, unit: str) -> str:
     return "—" if value is None else f"{value:,.1f} {unit}"
 
 
-def summary(results: Sequence[ProbeResult]) -> str:
+def summary(results: Sequence[Measurement]) -> str:
     ok = [r for r in results if r.ok]
     lines = [f"{len(ok)}/{len(results)} ok"]
     errors: dict[str, int] = {}
@@ -90,7 +90,7 @@ def summary(results: Sequence[ProbeResult]) -> str:
 
 async def _run(
     ns: argparse.Namespace, api_key: str, secret_headers: dict[str, str], aws: dict[str, str]
-) -> list[ProbeResult]:
+) -> list[Measurement]:
     spec = ProbeSpec(
         base_url=ns.url,
         format=ns.format,
@@ -122,7 +122,7 @@ async def _run(
         aws_secret_access_key=aws.get("aws_secret_access_key", ""),
         aws_session_token=aws.get("aws_session_token", ""),
     )
-    results: list[ProbeResult] = []
+    results: list[Measurement] = []
     done = 0
     started = time.monotonic()
 

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 
 from probes.engine import probe
-from probes.model import ProbeResult, ProbeSpec
+from probes.model import Measurement, ProbeSpec
 
 
 async def run_batch(
@@ -20,8 +20,8 @@ async def run_batch(
     *,
     window_s: float = 0.0,
     max_in_flight: int = 200,
-    on_result: Callable[[int, ProbeResult], None] | None = None,
-) -> list[ProbeResult]:
+    on_result: Callable[[int, Measurement], None] | None = None,
+) -> list[Measurement]:
     """Run specs with start i at i * window_s / n; results in the specs' order. `on_result`
     (spec index, result) is called as each probe ends, on the loop: it must not block."""
     gate = asyncio.Semaphore(max(1, max_in_flight))
@@ -29,7 +29,7 @@ async def run_batch(
     start = loop.time()
     step = window_s / len(specs) if specs else 0.0
 
-    async def one(i: int, spec: ProbeSpec) -> ProbeResult:
+    async def one(i: int, spec: ProbeSpec) -> Measurement:
         delay = start + i * step - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)

@@ -117,6 +117,7 @@ class EventStreamFraming:
 
 class BedrockConverse(WireFormat):
     name = "bedrock"
+    label = "Amazon Bedrock ConverseStream (SigV4 or a Bedrock API key)"
     path = "/converse-stream"
     content_type = CONTENT_TYPE
 

@@ -1,6 +1,6 @@
 """One probe: send one streaming request, time every phase, classify every failure.
 
-`await probe(spec)` never raises (cancellation aside): whatever happens becomes a ProbeResult
+`await probe(spec)` never raises (cancellation aside): whatever happens becomes a Measurement
 with an outcome, and a failure has one kind from probes.errors (a bug of ours is `engine`,
 settings the provider refuses are `config`: neither is blamed on the provider). Timestamps
 are time.perf_counter() times of when bytes arrived, before any parsing: headers, each
@@ -62,7 +62,7 @@ from probes.model import (
     BODY_ENCODINGS,
     BODY_MSGPACK_GZIP,
     SOURCE_USAGE,
-    ProbeResult,
+    Measurement,
     ProbeSpec,
 )
 from probes.model import ERROR as OUTCOME_ERROR
@@ -146,7 +146,7 @@ def _excerpt(data: bytes | str) -> str:
     return " ".join(text.split())[:EXCERPT_CHARS]
 
 
-async def probe(spec: ProbeSpec, progress: Progress | None = None) -> ProbeResult:
+async def probe(spec: ProbeSpec, progress: Progress | None = None) -> Measurement:
     """Run one probe. Never raises except on cancellation."""
     progress = progress or Progress()
     try:
@@ -171,11 +171,11 @@ async def probe(spec: ProbeSpec, progress: Progress | None = None) -> ProbeResul
     except asyncio.CancelledError:
         raise
     except ProbeError as failure:  # before any request: the spec cannot be sent as it is
-        result = ProbeResult()
+        result = Measurement()
         _fail(result, failure, spec)
         return result
     except Exception as exc:  # the engine's last line of defence: a probe never raises
-        result = ProbeResult()
+        result = Measurement()
         _fail(result, _engine_failure(exc, spec), spec)
         return result
 
@@ -223,8 +223,8 @@ def _engine_failure(exc: Exception, spec: ProbeSpec) -> EngineError:
 
 async def _attempt(
     spec: ProbeSpec, fmt: WireFormat, prepared: _Prepared, progress: Progress
-) -> ProbeResult:
-    result = ProbeResult(request_bytes=len(prepared.body))
+) -> Measurement:
+    result = Measurement(request_bytes=len(prepared.body))
     origin = "{0.scheme}://{0.netloc}".format(urlsplit(prepared.url))
     cold_client = (
         make_client(spec.http2, spec.verify, 4, cleartext=origin.startswith("http://"))
@@ -385,14 +385,14 @@ async def _close_quietly(response: httpx2.Response) -> None:
             await response.aclose()
 
 
-def _fail(result: ProbeResult, failure: ProbeError, spec: ProbeSpec) -> None:
+def _fail(result: Measurement, failure: ProbeError, spec: ProbeSpec) -> None:
     result.outcome = OUTCOME_ERROR
     result.error_kind = failure.kind.value
     # Redacted whole, then cut: a cut first could leave half a key no pattern recognizes.
     result.error_detail = redact(failure.detail, spec.secrets())[:DETAIL_LIMIT]
 
 
-def _read_headers(result: ProbeResult, response: httpx2.Response) -> None:
+def _read_headers(result: Measurement, response: httpx2.Response) -> None:
     headers = response.headers
     result.http_version = response.http_version
     result.ratelimit_remaining_requests = figures.header_count(
@@ -512,8 +512,8 @@ class _StreamState:
 
 
 def _finish(
-    result: ProbeResult, phases: Phases, state: _StreamState, fmt: WireFormat, spec: ProbeSpec
-) -> ProbeResult:
+    result: Measurement, phases: Phases, state: _StreamState, fmt: WireFormat, spec: ProbeSpec
+) -> Measurement:
     t0 = state.t0
     result.connection_reused = phases.connection_reused
     result.dns_ms = _ms(phases.dns_start, phases.dns_end)

@@ -95,6 +95,7 @@ class OpenAIChat(WireFormat):
     """OpenAI Chat Completions and OpenAI-compatible servers (vLLM, llama.cpp, Ollama...)."""
 
     name = "openai"
+    label = "OpenAI Chat Completions"
     path = "/chat/completions"
     sends_stream_options = True
 
@@ -191,6 +192,7 @@ class AzureOpenAIChat(OpenAIChat):
     deployment names the model; `model` is sent all the same (Azure ignores it)."""
 
     name = "azure"
+    label = "Azure OpenAI (deployment URL, api-key header)"
 
     def url(self, spec: ProbeSpec) -> str:
         url = spec.base_url.rstrip("/") + self.path
@@ -202,6 +204,7 @@ class AzureOpenAIChat(OpenAIChat):
 
 class AnthropicMessages(WireFormat):
     name = "anthropic"
+    label = "Anthropic Messages"
     path = "/v1/messages"
 
     def headers(self, spec: ProbeSpec) -> dict[str, str]:
@@ -311,10 +314,11 @@ class AnthropicMessages(WireFormat):
         return served
 
 
+# In the admin's order (its choices, migration 0028): the registry is the one list of formats.
 _ALL: tuple[WireFormat, ...] = (
     OpenAIChat(),
-    AzureOpenAIChat(),
     AnthropicMessages(),
+    AzureOpenAIChat(),
     OpenAIResponses(),
     GeminiNative(),
     BedrockConverse(),

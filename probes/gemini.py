@@ -55,6 +55,7 @@ BLOCKED_FINISH = frozenset({"SAFETY", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII",
 
 class GeminiNative(WireFormat):
     name = "gemini"
+    label = "Gemini native (streamGenerateContent, x-goog-api-key)"
     path = ":streamGenerateContent?alt=sse"
     multi_token_chunks = True
 

@@ -18,7 +18,19 @@ from jsonschema.exceptions import SchemaError
 
 from probes.errors import ConfigError
 
-GRADERS = ("exact", "contains", "regex", "json_schema", "numeric")
+GRADER_EXACT = "exact"
+GRADER_CONTAINS = "contains"
+GRADER_REGEX = "regex"
+GRADER_JSON_SCHEMA = "json_schema"
+GRADER_NUMERIC = "numeric"
+# The registry of graders, each with what the admin calls it (monitor.models.GRADERS reads it).
+GRADERS: dict[str, str] = {
+    GRADER_EXACT: "exact match",
+    GRADER_CONTAINS: "contains",
+    GRADER_REGEX: "regular expression",
+    GRADER_JSON_SCHEMA: "JSON schema",
+    GRADER_NUMERIC: "number within tolerance",
+}
 _NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:[eE][-+]?\d+)?")
 
 
@@ -52,16 +64,16 @@ def grade(
     tolerance: float = 0.0,
 ) -> bool:
     answer = answer_of(text)
-    if grader == "exact":
+    if grader == GRADER_EXACT:
         return answer == expected.strip()
-    if grader == "contains":
+    if grader == GRADER_CONTAINS:
         return expected in text
-    if grader == "regex":
+    if grader == GRADER_REGEX:
         try:
             return re.search(expected, text, re.DOTALL) is not None
         except re.error as exc:
             raise GraderError(f"bad regular expression: {exc}") from None
-    if grader == "numeric":
+    if grader == GRADER_NUMERIC:
         try:
             target = float(expected)
         except ValueError:
@@ -71,7 +83,7 @@ def grade(
             return False
         value = float(numbers[-1].replace(",", ""))
         return math.isclose(value, target, rel_tol=0.0, abs_tol=tolerance)
-    if grader == "json_schema":
+    if grader == GRADER_JSON_SCHEMA:
         if schema is None:
             raise GraderError("the JSON schema grader needs a schema")
         try:

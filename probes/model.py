@@ -19,7 +19,9 @@ ERROR_KINDS: tuple[str, ...] = tuple(k.value for k in Kind if k is not Kind.MISS
 
 BODY_JSON = "json"
 BODY_MSGPACK_GZIP = "msgpack-gzip"
-BODY_ENCODINGS = (BODY_JSON, BODY_MSGPACK_GZIP)
+# The registry of request body encodings, each with what the admin calls it (monitor.models
+# reads it).
+BODY_ENCODINGS: dict[str, str] = {BODY_JSON: "JSON", BODY_MSGPACK_GZIP: "msgpack + gzip"}
 
 # The parameter that caps output: chat models take max_tokens; OpenAI's reasoning models
 # (o-series, GPT-5) refuse it with 400 unsupported_parameter and take max_completion_tokens.
@@ -100,7 +102,7 @@ class ProbeSpec:
 
 
 @dataclass
-class ProbeResult:
+class Measurement:
     outcome: str = OK
     error_kind: str = ""  # a probes.errors.Kind value
     error_detail: str = ""
@@ -150,6 +152,6 @@ class ProbeResult:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ProbeResult:
+    def from_dict(cls, data: dict[str, Any]) -> Measurement:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})

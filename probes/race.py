@@ -16,14 +16,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from probes.engine import Progress, probe
-from probes.model import ProbeResult, ProbeSpec
+from probes.model import Measurement, ProbeSpec
 from probes.tokenizer import count_tokens
 
 
 @dataclass
 class Lane:
     name: str
-    result: ProbeResult | None = None  # None when cancelled
+    result: Measurement | None = None  # None when cancelled
     elapsed_ms: float = 0.0
     cancelled: bool = False
     tokens_paid: int = 0
@@ -31,7 +31,7 @@ class Lane:
 
 
 @dataclass
-class RaceResult:
+class RaceMeasurement:
     winner: str | None
     winner_ms: float | None
     lanes: dict[str, Lane] = field(default_factory=dict)
@@ -44,9 +44,9 @@ class RaceResult:
 async def race(
     specs: Mapping[str, ProbeSpec],
     *,
-    valid: Callable[[ProbeResult], bool] = lambda r: r.ok,
+    valid: Callable[[Measurement], bool] = lambda r: r.ok,
     reference_ms: Mapping[str, float] | None = None,
-) -> RaceResult:
+) -> RaceMeasurement:
     progress = {name: Progress() for name in specs}
     t0 = time.perf_counter()
     tasks = {asyncio.create_task(probe(spec, progress[name])): name for name, spec in specs.items()}
@@ -88,4 +88,4 @@ async def race(
                 lane.saved_ms = lane.elapsed_ms - winner_ms if valid(lane.result) else None
             elif reference_ms and name in reference_ms:
                 lane.saved_ms = reference_ms[name] - winner_ms
-    return RaceResult(winner=winner, winner_ms=winner_ms, lanes=lanes)
+    return RaceMeasurement(winner=winner, winner_ms=winner_ms, lanes=lanes)

@@ -67,6 +67,7 @@ PROTECTED = frozenset({"model", "input", "instructions", "stream", "stream_optio
 
 class OpenAIResponses(WireFormat):
     name = "responses"
+    label = "OpenAI Responses"
     path = "/responses"
 
     def headers(self, spec: ProbeSpec) -> dict[str, str]:

@@ -10,7 +10,7 @@ raises (cancellation aside): a failing call ends the scenario with that step nam
 Times (time.perf_counter()):
 - t0 is taken before the first request is prepared (the user's action);
 - app_e2e_ms runs from t0 to the end of validation (the validated result);
-- each call keeps its own ProbeResult (its t0 is the engine's: just before the request is
+- each call keeps its own Measurement (its t0 is the engine's: just before the request is
   handed to the HTTP client) and `offset_ms`, its t0 after the scenario's t0;
 - gaps_ms[i] is the time before step i's first call starts, after the previous step's last
   call returned (for step 0, after t0): the application's work between calls (building the
@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, replace
 from probes.engine import probe
 from probes.errors import Kind
 from probes.graders import GraderError, answer_of
-from probes.model import ERROR, OK, ProbeResult, ProbeSpec
+from probes.model import ERROR, OK, Measurement, ProbeSpec
 from probes.redact import redact
 from probes.tokenizer import count_tokens
 
@@ -83,11 +83,11 @@ class Call:
     step: int  # 0-based
     branch: int  # 0-based within a fan-out, else 0
     offset_ms: float  # the call's t0 after the scenario's t0
-    result: ProbeResult
+    result: Measurement
 
 
 @dataclass
-class ScenarioResult:
+class ScenarioMeasurement:
     outcome: str = OK
     error_kind: str = ""
     error_detail: str = ""
@@ -153,9 +153,9 @@ def _spec(
     )
 
 
-async def run_scenario(scenario: Scenario) -> ScenarioResult:
+async def run_scenario(scenario: Scenario) -> ScenarioMeasurement:
     """Run the scenario. Never raises except on cancellation."""
-    out = ScenarioResult()
+    out = ScenarioMeasurement()
     t0 = out.t0_perf = time.perf_counter()
     try:
         await _run(scenario, out, t0)
@@ -170,7 +170,7 @@ async def run_scenario(scenario: Scenario) -> ScenarioResult:
     return out
 
 
-async def _run(scenario: Scenario, out: ScenarioResult, t0: float) -> None:
+async def _run(scenario: Scenario, out: ScenarioMeasurement, t0: float) -> None:
     problem = check(scenario.steps)
     if problem is not None:
         out.outcome, out.error_kind, out.error_detail = ERROR, Kind.CONFIG.value, problem
@@ -255,7 +255,7 @@ def _late(scenario: Scenario, index: int) -> str:
     )
 
 
-def _fail(out: ScenarioResult, index: int, kind: str, detail: str) -> None:
+def _fail(out: ScenarioMeasurement, index: int, kind: str, detail: str) -> None:
     out.outcome = ERROR
     out.failed_step = index
     out.error_kind = kind or Kind.ENGINE.value

@@ -152,6 +152,8 @@ def merge_extra(
 
 class WireFormat:
     name: ClassVar[str]
+    # What the admin calls it (monitor.models.WIRE_FORMATS reads the registry's labels).
+    label: ClassVar[str]
     path: ClassVar[str]
     # Whether the probe asks for usage in the stream (`stream_options`), and retries without
     # it when a server refuses it.

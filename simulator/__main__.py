@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from simulator.app import SimulatorApp
-from simulator.config import ConfigError, load
+from simulator.config import ConfigFileError, load
 from simulator.server import serve, tls_context
 
 
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--certfile and --keyfile go together")
     try:
         config = load(ns.config)
-    except ConfigError as exc:
+    except ConfigFileError as exc:
         sys.exit(f"simulator: {exc}")
     ssl_context = None
     if ns.tls or ns.certfile:

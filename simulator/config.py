@@ -89,7 +89,7 @@ PROVIDER_PROFILES: dict[str, tuple[str, ...]] = {
 }
 
 
-class ConfigError(Exception):
+class ConfigFileError(Exception):
     """The simulator's TOML is malformed."""
 
 
@@ -167,27 +167,27 @@ def _profile(raw: dict[str, Any], fmt: str, where: str) -> Profile:
     known = set(Profile.__dataclass_fields__)
     unknown = set(raw) - known
     if unknown:
-        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
+        raise ConfigFileError(f"{where}: unknown keys {sorted(unknown)}")
     if "id" not in raw:
-        raise ConfigError(f"{where}: a model needs an id")
+        raise ConfigFileError(f"{where}: a model needs an id")
     profile = Profile(**raw)
     allowed = MODEL_PROFILES[fmt]
     if not profile.profile:
         profile = dataclasses.replace(profile, profile=allowed[0])
     if profile.profile not in allowed:
-        raise ConfigError(f"{where}: profile must be one of {', '.join(allowed)} for {fmt}")
+        raise ConfigFileError(f"{where}: profile must be one of {', '.join(allowed)} for {fmt}")
     if profile.decode_tokens_per_s <= 0 or profile.prefill_tokens_per_s <= 0:
-        raise ConfigError(f"{where}: rates must be positive")
+        raise ConfigFileError(f"{where}: rates must be positive")
     if not 0.0 <= profile.quality <= 1.0:
-        raise ConfigError(f"{where}: quality must be between 0 and 1")
+        raise ConfigFileError(f"{where}: quality must be between 0 and 1")
     if not 0.0 <= profile.thinking_summary_ratio <= 1.0:
-        raise ConfigError(f"{where}: thinking_summary_ratio must be between 0 and 1")
+        raise ConfigFileError(f"{where}: thinking_summary_ratio must be between 0 and 1")
     if profile.keepalive_interval_ms <= 0:
-        raise ConfigError(f"{where}: keepalive_interval_ms must be positive")
+        raise ConfigFileError(f"{where}: keepalive_interval_ms must be positive")
     if profile.chunk_tokens < 1:
-        raise ConfigError(f"{where}: chunk_tokens must be at least 1")
+        raise ConfigFileError(f"{where}: chunk_tokens must be at least 1")
     if profile.min_cacheable_tokens < 0 or profile.reasoning_tokens < 0:
-        raise ConfigError(f"{where}: token counts cannot be negative")
+        raise ConfigFileError(f"{where}: token counts cannot be negative")
     return profile
 
 
@@ -200,16 +200,16 @@ def parse(data: dict[str, Any]) -> Config:
         faults = {str(k): float(v) for k, v in raw.pop("faults", {}).items()}
         for name, probability in faults.items():
             if name not in FAULTS:
-                raise ConfigError(f"{where}: unknown fault {name!r}")
+                raise ConfigFileError(f"{where}: unknown fault {name!r}")
             if not 0.0 <= probability <= 1.0:
-                raise ConfigError(f"{where}: fault {name} probability must be between 0 and 1")
+                raise ConfigFileError(f"{where}: fault {name} probability must be between 0 and 1")
         fmt = raw.get("format")
         if fmt not in MODEL_PROFILES:
-            raise ConfigError(f"{where}: format must be one of {', '.join(MODEL_PROFILES)}")
+            raise ConfigFileError(f"{where}: format must be one of {', '.join(MODEL_PROFILES)}")
         raw["profile"] = raw.get("profile") or PROVIDER_PROFILES[fmt][0]
         if raw["profile"] not in PROVIDER_PROFILES[fmt]:
             allowed = ", ".join(PROVIDER_PROFILES[fmt])
-            raise ConfigError(f"{where}: profile must be one of {allowed} for {fmt}")
+            raise ConfigFileError(f"{where}: profile must be one of {allowed} for {fmt}")
         keys = raw.pop("api_keys", [])
         if isinstance(keys, str):
             keys = [keys]
@@ -222,13 +222,13 @@ def parse(data: dict[str, Any]) -> Config:
         try:
             provider = Provider(api_keys=tuple(keys), models=models, faults=faults, **raw)
         except TypeError as exc:
-            raise ConfigError(f"{where}: {exc}") from None
+            raise ConfigFileError(f"{where}: {exc}") from None
         for limit in ("advertised_requests_per_minute", "advertised_tokens_per_minute"):
             if getattr(provider, limit) < 1:
-                raise ConfigError(f"{where}: {limit} must be at least 1")
+                raise ConfigFileError(f"{where}: {limit} must be at least 1")
         providers[provider.slug] = provider
     if not providers:
-        raise ConfigError("no [[providers]] configured")
+        raise ConfigFileError("no [[providers]] configured")
     return Config(providers=providers)
 
 
@@ -237,4 +237,4 @@ def load(path: Path | str) -> Config:
         with open(path, "rb") as fh:
             return parse(tomllib.load(fh))
     except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+        raise ConfigFileError(f"{path}: {exc}") from None

@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from monitor.answer import selection, winners
 from monitor.models import (
+    HEARTBEAT_TICK,
     LATENCY_METRICS,
     METRIC_E2E_P95,
     METRIC_TTFT_P95,
@@ -434,7 +435,7 @@ def current(now: datetime | None = None) -> Overview:
 
 def _beat_ticking(now: datetime) -> bool:
     """Beat ticked within the last two refresh intervals: it is there to rebuild the snapshot."""
-    return Heartbeat.objects.filter(name="tick", last_seen__gt=now - 2 * max_age()).exists()
+    return Heartbeat.objects.filter(name=HEARTBEAT_TICK, last_seen__gt=now - 2 * max_age()).exists()
 
 
 def forget(**kwargs: object) -> None:

@@ -37,7 +37,7 @@ below every one of the incumbent's (confidence.all_below; five below five is eno
 the intervals say). Routes whose intervals overlap the winner's are "tied within noise". Two
 routes 1% apart therefore never swap back and forth, and a route 30% faster (lognormal spread,
 sigma 0.3) takes over after a median of about 10 of its probes in the window, within 30 in 95%
-of cases (tests/monitor/test_trust.py measures both; docs/answer.md).
+of cases (tests/monitor/answer/test_trust.py measures both; docs/answer.md).
 
 Silence is not evidence: a route with no probe of its own for Task.stale_after() (its slots
 missed by our workers, or not scheduled) keeps its figures here, marked stale, with the facts
@@ -388,23 +388,19 @@ def _unit(metric: str) -> str:
     return "scenarios" if metric.startswith("app_e2e") else "reference probes"
 
 
-def choose(
+def _candidates(
     task: Task,
     routes: Sequence[Route],
     latency: Mapping[int, Stats],
     quality: Mapping[int, Stats],
-    *,
-    now: datetime | None = None,
-    incumbent: int | None = None,
-    missed: Mapping[int, int] | None = None,
-    region_label: str = "",
-) -> Choice:
-    """`latency`: per route id, stats in this region (stale ones too: silence is judged here);
-    `quality`: per route id, all regions; `incumbent`: the current winner's route id
-    (monitor.answer.winners); `now` judges "failing" and "stale" (None: neither, as for a past
-    week); `missed`: per stale route id, the slots our workers missed since its last probe
-    (`decide` reads them)."""
-    metric = task.ranking_metric(routes)
+    metric: str,
+    now: datetime | None,
+    incumbent: int | None,
+    missed: Mapping[int, int] | None,
+    region_label: str,
+) -> tuple[list[Candidate], set[int]]:
+    """Each route judged against the bar (quality, availability, freshness, samples), unranked;
+    and the routes silent past the limit a winner keeps its cell without probes."""
     q = int(metric.partition("_p")[2])
     unit = _unit(metric)
     candidates: list[Candidate] = []
@@ -456,6 +452,32 @@ def choose(
             )
         )
 
+    return candidates, silent_too_long
+
+
+def choose(
+    task: Task,
+    routes: Sequence[Route],
+    latency: Mapping[int, Stats],
+    quality: Mapping[int, Stats],
+    *,
+    now: datetime | None = None,
+    incumbent: int | None = None,
+    missed: Mapping[int, int] | None = None,
+    region_label: str = "",
+) -> Choice:
+    """`latency`: per route id, stats in this region (stale ones too: silence is judged here);
+    `quality`: per route id, all regions; `incumbent`: the current winner's route id
+    (monitor.answer.winners); `now` judges "failing" and "stale" (None: neither, as for a past
+    week); `missed`: per stale route id, the slots our workers missed since its last probe
+    (`decide` reads them)."""
+    metric = task.ranking_metric(routes)
+    q = int(metric.partition("_p")[2])
+    unit = _unit(metric)
+    candidates, silent_too_long = _candidates(
+        task, routes, latency, quality, metric, now, incumbent, missed, region_label
+    )
+
     def price(c: Candidate) -> Decimal:
         return c.route.cost_usd(task.input_tokens, task.max_tokens)
 
@@ -493,21 +515,10 @@ def choose(
     if task.defaults.prefer_cheaper and not task.latency_metric:
         best = min((c for c in qualifying if tied(c, best)), key=lambda c: (price(c), rank(c)))
     if held is not None and held in qualifying:
-        takes_over = best is not held and (
-            best.metric.faster_than(held.metric) or confidence.all_below(counts(best), counts(held))
-        )
-        if not takes_over:
+        takeover = _takeover(best, held, metric, _unit(metric), counts)
+        if takeover is None:
             return _choice(best=held, candidates=candidates, metric=metric, change="", tied=tied)
-        if best.metric.faster_than(held.metric):
-            change = (
-                f"faster with confidence: {_range(best.metric)} against {held.route}'s "
-                f"{_range(held.metric)} ({metric.replace('_', ' ')})"
-            )
-        else:
-            change = (
-                f"all {best.metric.n} of its {unit} below all {held.metric.n} of "
-                f"{held.route}'s ({metric.replace('_', ' ')})"
-            )
+        change = takeover
     elif held is not None:
         change = f"{held.route} {held.silence}, longer than the {_ago(silence_limit(task))} a winner keeps its cell without probes"
     elif incumbent is None:
@@ -531,6 +542,31 @@ def choose(
             else "the previous winner is no longer a candidate"
         )
     return _choice(best=best, candidates=candidates, metric=metric, change=change, tied=tied)
+
+
+def _takeover(
+    best: Candidate,
+    held: Candidate,
+    metric: str,
+    unit: str,
+    counts: Callable[[Candidate], dict[int, int]],
+) -> str | None:
+    """Why `best` takes the incumbent's cell, or None when the incumbent keeps it: a challenger
+    must be faster with confidence (or have all its samples below all of the incumbent's)."""
+    takes_over = best is not held and (
+        best.metric.faster_than(held.metric) or confidence.all_below(counts(best), counts(held))
+    )
+    if not takes_over:
+        return None
+    if best.metric.faster_than(held.metric):
+        return (
+            f"faster with confidence: {_range(best.metric)} against {held.route}'s "
+            f"{_range(held.metric)} ({metric.replace('_', ' ')})"
+        )
+    return (
+        f"all {best.metric.n} of its {unit} below all {held.metric.n} of "
+        f"{held.route}'s ({metric.replace('_', ' ')})"
+    )
 
 
 def _choice(

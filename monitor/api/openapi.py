@@ -1,5 +1,5 @@
 """The OpenAPI 3.1 description of the read API, written by hand next to the shapes it
-describes (monitor.api.answers). tests/dashboard/test_api_openapi.py validates it, checks
+describes (monitor.api.answers). tests/monitor/api/test_api_openapi.py validates it, checks
 that it names every URL under /api/v1/, and checks real answers against its schemas."""
 
 from __future__ import annotations

@@ -417,23 +417,9 @@ def build_report(tasks: Iterable[Task], period: Period) -> list[TaskDigest]:
                     else "",
                 )
             )
-            for route in routes:
-                for name, label in metrics_for(task):
-                    change = Change(
-                        label,
-                        _metric(latency_this.get(route.pk), name),
-                        _metric(latency_last.get(route.pk), name),
-                    )
-                    if (
-                        change.pct is not None
-                        and change.pct > threshold
-                        and slower_with_confidence(
-                            latency_this.get(route.pk), latency_last.get(route.pk), name
-                        )
-                    ):
-                        regressions.append(
-                            Regression(route, region, change, url=route_urls[route.pk])
-                        )
+            regressions += _regressions(
+                task, routes, region, (latency_this, latency_last), threshold, route_urls
+            )
         regressions.sort(key=lambda r: -(r.change.pct or 0))
         digests.append(
             TaskDigest(
@@ -447,6 +433,36 @@ def build_report(tasks: Iterable[Task], period: Period) -> list[TaskDigest]:
             )
         )
     return digests
+
+
+def _regressions(
+    task: Task,
+    routes: list[Route],
+    region: Region,
+    latency: tuple[Mapping[int, Stats], Mapping[int, Stats]],
+    threshold: float,
+    route_urls: Mapping[int, str],
+) -> list[Regression]:
+    """The routes of one region slower this week than last by more than the threshold, and
+    slower with confidence."""
+    latency_this, latency_last = latency
+    found = []
+    for route in routes:
+        for name, label in metrics_for(task):
+            change = Change(
+                label,
+                _metric(latency_this.get(route.pk), name),
+                _metric(latency_last.get(route.pk), name),
+            )
+            if (
+                change.pct is not None
+                and change.pct > threshold
+                and slower_with_confidence(
+                    latency_this.get(route.pk), latency_last.get(route.pk), name
+                )
+            ):
+                found.append(Regression(route, region, change, url=route_urls[route.pk]))
+    return found
 
 
 def tasks_for(subscription: Subscription) -> QuerySet[Task]:

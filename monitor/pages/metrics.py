@@ -44,10 +44,10 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import Collector
 
 from monitor.answer import board
-from monitor.models import GRAIN_DAY, GRAIN_HOUR, Heartbeat, Region, Route, Task
+from monitor.models import GRAIN_DAY, GRAIN_HOUR, HEARTBEAT_TICK, Heartbeat, Region, Route, Task
 from monitor.pages import monitoring
 from monitor.pipeline import queues
-from monitor.pipeline.ingest import REJECTED_COUNTER
+from monitor.pipeline.ingest.results import REJECTED_COUNTER
 from monitor.stats import hist, rollups
 from monitor.stats.rollups import Stats
 from probes.errors import Kind
@@ -79,7 +79,7 @@ SECONDS_BOUNDS = (
 TPS_BOUNDS = (5.0, 10.0, 20.0, 30.0, 50.0, 75.0, 100.0, 150.0, 200.0, 300.0, 500.0, 1000.0, 2000.0)
 
 # The Celery queues besides the regions' probes.<slug>: beat's own tasks, and results.
-TICK_HEARTBEAT = "tick"  # monitor.tasks.tick
+TICK_HEARTBEAT = HEARTBEAT_TICK  # monitor.tasks.tick
 
 _KEY = ("task", "route", "region")
 _ESTIMATED = (

@@ -24,8 +24,9 @@ from django.conf import settings
 from django.db.models import Count, Q
 
 from monitor.models import SLOT_DISPATCHED, Heartbeat, ProbeResult, ProbeSlot, Region
-from monitor.pipeline import liveness, queues
-from monitor.pipeline.ingest import region_heartbeat
+from monitor.pipeline import queues
+from monitor.pipeline.ingest.results import region_heartbeat
+from monitor.pipeline.region import liveness
 from monitor.stats import health
 
 HOUR = timedelta(hours=1)

@@ -445,7 +445,7 @@ _DIMENSIONS: tuple[tuple[str, Callable[[Any], str]], ...] = (
     ("connection", _connection),
     (
         "request body",
-        lambda r: "msgpack + gzip" if r.body_encoding == "msgpack-gzip" else "JSON",
+        lambda r: "msgpack + gzip" if r.body_encoding == BODY_MSGPACK_GZIP else "JSON",
     ),
     ("prompt prefix", lambda r: r.prefix_mode),
     ("served model", lambda r: r.served_model or "not reported"),

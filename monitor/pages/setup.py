@@ -16,7 +16,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from monitor.models import EvalCase, Heartbeat, Provider, Region, Route, Task
-from monitor.pipeline.ingest import region_heartbeat
+from monitor.pipeline.ingest.results import region_heartbeat
 
 WORKER_FRESH = timedelta(minutes=10)
 

@@ -26,6 +26,7 @@ from monitor.models import (
     ERROR_KINDS,
     GRAIN_DAY,
     GRAIN_HOUR,
+    HEARTBEAT_TICK,
     OUTCOMES,
     Heartbeat,
     Region,
@@ -94,7 +95,7 @@ def _last_probe_at() -> datetime | None:
 
 @readonly_page
 def overview(request: HtmxHttpRequest) -> HttpResponse:
-    tick = Heartbeat.objects.filter(name="tick").first()
+    tick = Heartbeat.objects.filter(name=HEARTBEAT_TICK).first()
     now = timezone.now()
     not_before = hidden_before(request)
     if not_before is not None and now - board.WINDOW < not_before:
@@ -311,7 +312,7 @@ def status(request: HtmxHttpRequest) -> HttpResponse:
             {**letter, "parked": datetime.fromtimestamp(letter["parked_at"], UTC)}
             for letter in (queues.dead_letters(50) if figures and figures["dead_letters"] else [])
         ],
-        "tick": Heartbeat.objects.filter(name="tick").first(),
+        "tick": Heartbeat.objects.filter(name=HEARTBEAT_TICK).first(),
         "cap_notices": _cap_notices(Task.objects.filter(is_active=True), now),
         "regions": monitoring.regions_health(now),
         "lag_bound_s": settings.START_LAG_MAX_SECONDS,

@@ -166,7 +166,7 @@ class _ResultKeys(TypedDict):
 
 class ResultPayload(_ResultKeys, total=False):
     """One probe's result; keys are monitor.models.ProbeResult column names. The measured part
-    is every engine result field that is also a column (monitor.pipeline.worker), so fields
+    is every engine result field that is also a column (monitor.pipeline.region.worker), so fields
     listed here are the ones known today: others flow through once both sides have them."""
 
     # the options probed

@@ -251,7 +251,8 @@ def replay_dead_letters(limit: int | None = None) -> tuple[int, int]:
     # Imported here: the status page reads depths without loading ingest's column checks.
     from django.db import InterfaceError, OperationalError
 
-    from monitor.pipeline import ingest, races, scenarios
+    from monitor.pipeline.ingest import races, scenarios
+    from monitor.pipeline.ingest import results as ingest
 
     replayed = stored = 0
     while limit is None or replayed < limit:

@@ -13,7 +13,7 @@ travels in an envelope signed with a secret of that region (monitor.models.Regio
   FIELD_ENCRYPTION_KEYS. It refuses an envelope that is not one, is for another region or
   kind, names a key it does not hold, has a wrong signature, has expired, or was seen before:
   its nonce is claimed once, until it expires, both in Redis (SET NX: across hosts) and in
-  the worker host's own record (monitor.pipeline.replay), which no broker write can erase.
+  the worker host's own record (monitor.pipeline.region.replay), which no broker write can erase.
   Every run after a message's first is counted in the spend cap's in flight (`count_run`).
   Refusals are logged with the reason only, and nothing in a refused message is decrypted.
 - The beat (which holds FIELD_ENCRYPTION_KEYS) re-encrypts each provider key and secret
@@ -55,7 +55,7 @@ from django.conf import settings
 
 from monitor.crypto import ApiKeyDecryptionError, bind, decrypt_bound, origin_of, unbind
 from monitor.logfilters import register_secret
-from monitor.pipeline import clock, replay
+from monitor.pipeline.region import clock, replay
 
 log = logging.getLogger(__name__)
 
@@ -391,7 +391,7 @@ def claim_nonce(region: str, nonce: str, expires_at: float | None) -> bool:
     redelivery of a message whose worker process died running it (acks_late,
     reject_on_worker_lost), once. Kept until the message expires.
 
-    Two records decide: this host's own (monitor.pipeline.replay), which refuses what this host
+    Two records decide: this host's own (monitor.pipeline.region.replay), which refuses what this host
     ran or runs whatever the broker says, and the broker's (`rw:nonce:<region>:<nonce>`, SET NX,
     naming the claiming process), which refuses what another host claimed. A claim in the
     broker naming a process of this host is taken over only when this host's record says that

@@ -19,7 +19,7 @@ from django.db.models import Sum
 
 from monitor.models import OUTCOME_MISSED, RegionMinute
 from monitor.stats import hist
-from monitor.stats.rollups import ResultRow
+from monitor.stats.rollup_writes import ResultRow
 
 # Start lags (ms): 1 ms to 15 minutes at the histograms' relative resolution.
 LAG_SCALE = hist.Scale(low=1.0, high=900_000.0)

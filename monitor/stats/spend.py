@@ -18,12 +18,12 @@ generated demo history are not read: a route's usage is measured, never drawn.
 At ingest a slot closes and its estimate leaves in flight as its real cost enters the rollups:
 the cap then holds the real figure (reconciled per slot, so an estimate's error lasts only
 while its probe runs). The scheduler adds each probe's estimate as it dispatches it within a
-tick (monitor.pipeline.scheduling), so a tick cannot overshoot the cap by more than its
+tick (monitor.pipeline.beat.scheduling), so a tick cannot overshoot the cap by more than its
 probes' estimates' error; every page reads `cap_states` to say why a capped task stopped.
 
 In flight also holds what ran more often than it was dispatched. Ingest keeps one result a
 slot, so a message a region worker ran twice (Celery's redelivery after a killed worker, or a
-replay the broker's nonce claim missed: monitor.pipeline.replay) cost twice and shows once.
+replay the broker's nonce claim missed: monitor.pipeline.region.replay) cost twice and shows once.
 Each run after a message's first is reported by the worker that runs it, as it starts
 (`record_reruns`, into the broker: region workers have no database), counted per region,
 month, task and route in RERUNS_KEY, and added here at each probe's estimate for the rest of

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from probes import ProbeResult, ProbeSpec, probe
+from probes import Measurement, ProbeSpec, probe
 from probes.engine import Progress
 from probes.transport import warm_clients
 from tests.support import ROOT
@@ -25,10 +25,10 @@ def spec(origin: str, fmt: str, model: str, **kw: Any) -> ProbeSpec:
     return ProbeSpec(base_url=base, format=fmt, model=model, **kw)
 
 
-def run(*specs: ProbeSpec) -> list[ProbeResult]:
+def run(*specs: ProbeSpec) -> list[Measurement]:
     """Probes one after the other on one event loop (so warm connections are reused)."""
 
-    async def go() -> list[ProbeResult]:
+    async def go() -> list[Measurement]:
         try:
             return [await probe(s) for s in specs]
         finally:
@@ -37,16 +37,16 @@ def run(*specs: ProbeSpec) -> list[ProbeResult]:
     return asyncio.run(go())
 
 
-def run_one(s: ProbeSpec) -> ProbeResult:
+def run_one(s: ProbeSpec) -> Measurement:
     return run(s)[0]
 
 
 def run_while(
     s: ProbeSpec, action: Callable[[Progress], Awaitable[None]]
-) -> tuple[ProbeResult, Progress]:
+) -> tuple[Measurement, Progress]:
     """One probe, with `action(progress)` running beside it (to kill a server mid-stream)."""
 
-    async def go() -> tuple[ProbeResult, Progress]:
+    async def go() -> tuple[Measurement, Progress]:
         progress = Progress()
         side = asyncio.create_task(action(progress))
         try:
@@ -83,14 +83,14 @@ def cli(
     return proc.returncode, rows, proc.stderr
 
 
-def overhead_ms(row: dict[str, Any] | ProbeResult) -> float:
+def overhead_ms(row: dict[str, Any] | Measurement) -> float:
     """Time from t0 to the request body sent that is neither DNS nor TCP connect: the client's
     own work. On loopback with a ~150-byte body it is a few milliseconds."""
-    data = row.to_dict() if isinstance(row, ProbeResult) else row
+    data = row.to_dict() if isinstance(row, Measurement) else row
     return float(data["upload_ms"] - (data["dns_ms"] or 0.0) - (data["connect_ms"] or 0.0))
 
 
-def ok_fields(result: ProbeResult) -> Sequence[str]:
+def ok_fields(result: Measurement) -> Sequence[str]:
     """Everything that must hold for a complete, sensible streamed answer."""
     problems = []
     if not result.ok:

@@ -15,7 +15,10 @@ from django.utils import timezone
 
 from monitor import partitions
 from monitor.models import ProbeResult, ProbeSlot
-from monitor.pipeline import ingest, messages, slots, worker
+from monitor.pipeline import messages
+from monitor.pipeline.beat import slots
+from monitor.pipeline.ingest import results as ingest
+from monitor.pipeline.region import worker
 from simulator.testing import SimulatorProcess
 from tests.monitor import factories as f
 from tests.sim_fixtures import OPENAI_KEY, sim  # noqa: F401 (fixture)

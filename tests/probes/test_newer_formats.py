@@ -15,7 +15,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from probes import ProbeResult, ProbeSpec, probe
+from probes import Measurement, ProbeSpec, probe
 from probes.transport import warm_clients
 from simulator.testing import SimulatorProcess
 from tests.support import ROOT
@@ -56,8 +56,8 @@ def _spec(
     return ProbeSpec(format=fmt, extra_headers=headers, **{**base, **kw})
 
 
-def _run(*specs: ProbeSpec) -> list[ProbeResult]:
-    async def go() -> list[ProbeResult]:
+def _run(*specs: ProbeSpec) -> list[Measurement]:
+    async def go() -> list[Measurement]:
         try:
             return [await probe(spec) for spec in specs]
         finally:
@@ -66,11 +66,11 @@ def _run(*specs: ProbeSpec) -> list[ProbeResult]:
     return asyncio.run(go())
 
 
-def _truth(sim: SimulatorProcess, result: ProbeResult) -> dict[str, Any]:
+def _truth(sim: SimulatorProcess, result: Measurement) -> dict[str, Any]:
     return dict(httpx2.get(f"{sim.base_url}/_sim/requests/{result.request_id}").json())
 
 
-def _ms_after_sent(result: ProbeResult, ms: float | None, sent_at: float) -> float:
+def _ms_after_sent(result: Measurement, ms: float | None, sent_at: float) -> float:
     assert result.t0_perf is not None
     assert ms is not None
     return (result.t0_perf + ms / 1000 - sent_at) * 1000

@@ -11,7 +11,7 @@ import asyncio
 import time
 
 from probes import ProbeSpec, grade
-from probes.scenario import FAN_OUT, Scenario, ScenarioResult, Step, run_scenario
+from probes.scenario import FAN_OUT, Scenario, ScenarioMeasurement, Step, run_scenario
 from probes.transport import warm_clients
 from simulator.testing import SimulatorProcess
 from tests.sim_fixtures import OPENAI_KEY
@@ -31,8 +31,8 @@ def _base(sim: SimulatorProcess, **kwargs: object) -> ProbeSpec:
     )
 
 
-def _run(scenario: Scenario) -> ScenarioResult:
-    async def go() -> ScenarioResult:
+def _run(scenario: Scenario) -> ScenarioMeasurement:
+    async def go() -> ScenarioMeasurement:
         try:
             return await run_scenario(scenario)
         finally:

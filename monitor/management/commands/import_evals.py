@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from monitor.imports import evals
+from monitor.imports import eval_cases, evals
 from monitor.imports.base import ImportFileError, read_bounded
 from monitor.models import GRADER_EXACT, GRADERS, Task
 
@@ -18,7 +18,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("task", help="the task's slug")
         parser.add_argument("file")
-        parser.add_argument("--format", choices=evals.FORMATS, help="default: by extension")
+        parser.add_argument("--format", choices=eval_cases.FORMATS, help="default: by extension")
         parser.add_argument(
             "--grader",
             choices=[key for key, _ in GRADERS],

@@ -11,7 +11,7 @@ A region worker needs, from the broker (Celery's Redis transport, kombu 5.7):
   channel; and the binding tables of those exchanges and of `celeryev`;
 - Routewatch's own keys of its region: nonce claims and run counts
   (monitor.pipeline.signing), the spend ledger of runs after the first (monitor.stats.spend),
-  its liveness beacon (monitor.pipeline.liveness).
+  its liveness beacon (monitor.pipeline.region.liveness).
 Nothing else: not another region's queue or keys, not the dead letters, not `KEYS` or `SCAN`.
 """
 
@@ -28,7 +28,7 @@ from monitor.models import Region
 # Commands by category: the key patterns below are what limit a region's reach; these keep out
 # what no worker sends (server administration, KEYS, SCAN, FLUSHALL, CONFIG, DEBUG...).
 # Checked by running a real region worker under this user with `ACL LOG` empty
-# (tests/monitor/test_region_broker_acl.py).
+# (tests/monitor/management/test_region_broker_acl.py).
 COMMANDS = (
     "-@all",
     "+@read",

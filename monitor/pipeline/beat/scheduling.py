@@ -1,0 +1,212 @@
+"""Which (task, route, region) slots are due, claimed once, and what to send for them.
+
+Each (task, route, region) probes every `task.probe_interval_s` seconds, at a phase of its own
+inside the interval (the arithmetic is monitor.pipeline.beat.slots). A slot is created by
+INSERT ... ON CONFLICT DO NOTHING on its key, and only the beat that created it dispatches it:
+two beats ticking at once still send each slot once. Slots the scheduler could not create
+while it was down are created late and, once past their deadline, recorded missed by the
+sweep, never silently absent (up to slots.MAX_CATCH_UP back).
+
+`plan(now)` returns the messages to send (monitor.pipeline.messages.Dispatch); monitor.tasks
+sends them, so the scheduler never imports the tasks that import it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from monitor import limits
+from monitor.models import EvalCase, ProbeSlot, Region, Route, Task
+from monitor.pipeline.beat import races, scenarios
+from monitor.pipeline.beat.slots import (
+    Slot,
+    expires_at,
+    in_time,
+    phase_s,
+    probe_message,
+    slot_times,
+    starts_later,
+)
+from monitor.pipeline.ingest.results import record_missed
+from monitor.pipeline.messages import (
+    RUN_PROBE_BATCH,
+    Dispatch,
+    ProbeBatch,
+    probe_batch_to_json,
+)
+from monitor.stats import spend
+
+
+def month_spend_by_task(now: datetime) -> dict[int, Decimal]:
+    """What each task's ingested probes and finished races cost this month."""
+    return spend.spent_by_task(now)
+
+
+def spend_capped(
+    task: Task, route: Route, committed: Decimal, usage: spend.Usages | None = None
+) -> bool:
+    """Would one more probe of this route take the task past its monthly cap? `usage`: the
+    routes' recent measured usage (spend.measured_usage; the worst case where none)."""
+    if task.monthly_spend_cap_usd is None:
+        return False
+    return committed + spend.probe_estimate_usd(task, route, usage) > task.monthly_spend_cap_usd
+
+
+def latest_slots() -> dict[tuple[int, int, int], datetime]:
+    """Each active (task, route, region)'s latest slot: one backward step of the slot key's
+    index per combination, so a tick costs the same after a day or after 90 days of slots (a
+    GROUP BY over the whole slot table grew with retention: 470M rows at 3,600 combinations
+    a minute)."""
+    routes = Task.routes.through._meta.db_table
+    regions = Task.regions.through._meta.db_table
+    sql = f"""
+        SELECT tr.task_id, tr.route_id, tg.region_id,
+          (SELECT s.slot_at FROM {ProbeSlot._meta.db_table} AS s
+           WHERE s.task_id = tr.task_id AND s.route_id = tr.route_id
+             AND s.region_id = tg.region_id
+           ORDER BY s.slot_at DESC LIMIT 1)
+        FROM {Task._meta.db_table} AS t
+        JOIN {routes} AS tr ON tr.task_id = t.id
+        JOIN {regions} AS tg ON tg.task_id = t.id
+        WHERE t.is_active
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+        return {(t, r, g): last for t, r, g, last in cursor.fetchall() if last is not None}
+
+
+def due_slots(now: datetime, committed: dict[int, Decimal] | None = None) -> list[Slot]:
+    """The slots to create now. `committed` (spent plus in flight, per task; read here when not
+    given) grows by each in-time slot's estimated cost as it is taken, so the cap holds within
+    the tick: a task stops taking slots at the first that would pass its cap. Slots already too
+    late to send (slots.in_time) cost nothing: `plan` records them missed unsent."""
+    if committed is None:
+        committed = spend.committed_by_task(now)
+    tasks = Task.objects.filter(is_active=True).prefetch_related(
+        "routes__provider", "regions", "steps"
+    )
+    latest = latest_slots()
+    usage = spend.measured_usage(now)
+    slots: list[Slot] = []
+    for task in tasks:
+        cap = task.monthly_spend_cap_usd
+        capped = False
+        for route in task.routes.all():
+            if capped:
+                break
+            if not (route.is_active and route.provider.is_active):
+                continue
+            cost = spend.probe_estimate_usd(task, route, usage)
+            if spend_capped(task, route, committed.get(task.pk, Decimal("0")), usage):
+                continue
+            for region in task.regions.all():
+                if not region.is_active or capped:
+                    continue
+                phase = phase_s(task.pk, route.pk, region.pk, task.probe_interval_s)
+                after = latest.get((task.pk, route.pk, region.pk))
+                for at in slot_times(now, task.probe_interval_s, phase, after):
+                    if after is None and starts_later(at, now):
+                        continue
+                    if in_time(at, now):
+                        so_far = committed.get(task.pk, Decimal("0"))
+                        if cap is not None and so_far + cost > cap:
+                            # Nothing more for this task this tick: the next tick sees the
+                            # route capped (in flight counts) and creates none of its slots.
+                            capped = True
+                            break
+                        committed[task.pk] = so_far + cost
+                    slots.append(Slot(task, route, region, at))
+    return slots
+
+
+def claim(slots: list[Slot]) -> list[Slot]:
+    """Create the slots; return only those this call created (another beat may have)."""
+    if not slots:
+        return []
+    # Five arrays, not five parameters a slot: a tick of thousands of slots stays one short
+    # statement to parse (client and server).
+    sql = (
+        "INSERT INTO monitor_probeslot (task_id, route_id, region_id, slot_at, deadline_at, "
+        "status, created_at) SELECT t, r, g, a, d, 'dispatched', now() FROM unnest("
+        "%s::bigint[], %s::bigint[], %s::bigint[], %s::timestamptz[], %s::timestamptz[]) "
+        "AS k(t, r, g, a, d) "
+        "ON CONFLICT DO NOTHING RETURNING task_id, route_id, region_id, slot_at"
+    )
+    params: list[Any] = [
+        [s.task.pk for s in slots],
+        [s.route.pk for s in slots],
+        [s.region.pk for s in slots],
+        [s.slot_at for s in slots],
+        [s.deadline_at for s in slots],
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        created = {tuple(r) for r in cursor.fetchall()}
+    return [s for s in slots if (s.task.pk, s.route.pk, s.region.pk, s.slot_at) in created]
+
+
+def active_eval_cases() -> dict[int, list[EvalCase]]:
+    """Each active task's eval cases, in a stable order (a slot's number picks one)."""
+    cases: dict[int, list[EvalCase]] = defaultdict(list)
+    for case in EvalCase.objects.filter(is_active=True, task__is_active=True).order_by("pk"):
+        cases[case.task_id].append(case)
+    return cases
+
+
+def plan(now: datetime | None = None) -> list[Dispatch]:
+    """Claim the due slots and races; return what to send for them: one batch per region,
+    then one message per race. monitor.tasks sends them (this module never touches the
+    broker), so a slot claimed here is sent by the tick that claimed it, or by nobody."""
+    now = now or timezone.now()
+    committed = spend.committed_by_task(now)
+    with transaction.atomic():
+        claimed = claim(due_slots(now, committed))
+        # Too late to make their deadline (the scheduler was down): recorded missed at once,
+        # never sent, never paid for.
+        late = [s for s in claimed if not in_time(s.slot_at, now)]
+        record_missed(
+            [(s.task.pk, s.route.pk, s.region.pk, s.slot_at) for s in late],
+            now,
+            "not sent: the slot was created too late for its probe deadline (scheduler down)",
+        )
+    cases = active_eval_cases()
+    by_region: dict[Region, list[Slot]] = defaultdict(list)
+    scenario_slots = []
+    for slot in claimed:
+        if not in_time(slot.slot_at, now):
+            continue
+        if slot.task.is_scenario:  # a whole application run each (monitor.pipeline.beat.scenarios)
+            scenario_slots.append(slot)
+        else:
+            by_region[slot.region].append(slot)
+    dispatches = []
+    for region, slots in by_region.items():
+        batch: ProbeBatch = {
+            "region": region.slug,
+            "probes": [probe_message(s, cases[s.task.pk]) for s in slots],
+            # Starts spread over one tick from now: what each probe's start lag is measured
+            # against (monitor.pipeline.region.worker.planned_starts).
+            "planned_at": time.time(),
+            "window_s": float(min(settings.TICK_SECONDS, limits.BATCH_SPREAD_MAX_S)),
+        }
+        dispatches.append(
+            Dispatch(
+                task_name=RUN_PROBE_BATCH,
+                queue=region.queue_name,
+                message=probe_batch_to_json(batch),
+                # A worker that picks the batch up later could not finish before the deadlines.
+                expires=expires_at(min(s.slot_at for s in slots), now),
+                tally_key=region.slug,
+                tally=len(slots),
+            )
+        )
+    dispatches += scenarios.dispatches(scenario_slots, cases, now)
+    return dispatches + races.plan(now, committed, cases)
