@@ -1745,3 +1745,6 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+
+import monitor.alerts.models  # noqa: E402, F401  (alert rules, alerts, channels: monitor.alerts)
