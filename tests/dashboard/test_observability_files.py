@@ -101,7 +101,7 @@ def test_the_name_reader_finds_metrics_and_skips_functions_labels_and_variables(
 def test_promtool_accepts_the_example_alert_rules() -> None:
     result = promtool("check", "rules", str(ALERTS))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 11 rules found" in result.stdout
+    assert "SUCCESS: 12 rules found" in result.stdout
 
 
 def test_promtool_parses_every_dashboard_query(tmp_path: Path) -> None:
