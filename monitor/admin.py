@@ -526,3 +526,6 @@ class ApiTokenAdmin(admin.ModelAdmin[ApiToken]):
 
 # The attribute that carries a new token from save_model to response_add.
 _ISSUED_ATTR = "_rw_issued"
+
+
+import monitor.alerts.admin  # noqa: E402, F401  (alert rules, channels, silences: monitor.alerts)

@@ -107,6 +107,7 @@ try:
     EXPORT_MAX_ROWS = envint("EXPORT_MAX_ROWS", 100_000, minimum=1)
     PROVIDER_ALLOW_PRIVATE_NETWORKS = envbool("PROVIDER_ALLOW_PRIVATE_NETWORKS", False)
     TICK_SECONDS = envint("TICK_SECONDS", 10, minimum=1, maximum=3600)
+    ALERT_EVALUATION_SECONDS = envint("ALERT_EVALUATION_SECONDS", 30, minimum=1, maximum=3600)
     RAW_RETENTION_DAYS = envint("RAW_RETENTION_DAYS", 90, minimum=1)
     # Closed slots are bookkeeping (the result rows hold the outcome): kept this long, so a
     # late result can still find its slot, and the slot table stays a week, not 90 days.
@@ -384,6 +385,9 @@ CELERY_TASK_ROUTES = {
     "monitor.tasks.ingest_results": {"queue": "ingest"},
     "monitor.tasks.ingest_race": {"queue": "ingest"},
     "monitor.tasks.ingest_scenario": {"queue": "ingest"},
+    # Alerts: evaluation and delivery on the default queue (monitor.alerts).
+    "monitor.tasks.evaluate_alerts": {"queue": "default"},
+    "monitor.tasks.deliver_alerts": {"queue": "default"},
 }
 # Every periodic task expires by its next run: during an outage of its worker, ticks do not
 # pile up in the queue to run all at once when it returns (the next one does the work).
@@ -416,6 +420,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": max(1.0, DASHBOARD_REFRESH_SECONDS / 2),
         "options": {"expires": float(DASHBOARD_REFRESH_SECONDS)},
     },
+}
+# Alert rules are evaluated (and due notifications sent) this often (monitor.alerts).
+CELERY_BEAT_SCHEDULE["alerts"] = {
+    "task": "monitor.tasks.evaluate_alerts",
+    "schedule": float(ALERT_EVALUATION_SECONDS),
+    "options": {"expires": float(ALERT_EVALUATION_SECONDS)},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False

@@ -28,6 +28,8 @@ from django.db.models import F
 from django.utils import timezone
 
 from monitor import limits, partitions
+from monitor.alerts import delivery as alert_delivery
+from monitor.alerts import lifecycle as alert_lifecycle
 from monitor.answer import board
 from monitor.digest import sending
 from monitor.models import HEARTBEAT_TICK, Heartbeat
@@ -490,6 +492,33 @@ def ingest_scenario(self: Task[Any, Any], result: dict[str, Any]) -> bool:
 def send_digests() -> dict[str, int]:
     summary = sending.send_due()
     return {"sent": summary.sent, "skipped": summary.skipped, "failed": summary.failed}
+
+
+@shared_task(
+    name="monitor.tasks.evaluate_alerts",
+    # Each rule is evaluated under its row lock and each notification sent under a lease
+    # (monitor.alerts): a run cut short leaves the rest to the next run, never a duplicate.
+    soft_time_limit=120,
+    time_limit=150,
+)
+def evaluate_alerts() -> dict[str, int]:
+    """Evaluate every enabled alert rule, then send the notifications that are due."""
+    evaluated = alert_lifecycle.evaluate_all()
+    sent = alert_delivery.send_due()
+    return {
+        "rules": evaluated.rules,
+        "skipped_rules": evaluated.skipped,
+        "events": evaluated.events,
+        "sent": sent.sent,
+        "failed": sent.failed,
+    }
+
+
+@shared_task(name="monitor.tasks.deliver_alerts", soft_time_limit=120, time_limit=150)
+def deliver_alerts() -> dict[str, int]:
+    """Send the alert notifications that are due (also done after each evaluation)."""
+    sent = alert_delivery.send_due()
+    return {"sent": sent.sent, "skipped": sent.skipped, "failed": sent.failed}
 
 
 # What the scheduler may ask to send, by task name, and the kind of envelope it travels in.

@@ -30,4 +30,5 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("monitor.api.urls")),
     path("", include("monitor.digest.urls")),
+    path("", include("monitor.alerts.urls")),
 ]

@@ -168,6 +168,14 @@ def test_digest_never_imports_pages() -> None:
     assert _offending_imports("monitor.digest", ("monitor.pages",)) == []
 
 
+def test_alerts_never_import_pages_the_api_or_the_digest() -> None:
+    """Alerts read the answer, the stats and models; /metrics imports alerts, not the reverse."""
+    forbidden = ("monitor.pages", "monitor.api", "monitor.digest", "monitor.tasks")
+    assert _offending_imports("monitor.alerts", forbidden) == []
+    for package in ("monitor.answer", "monitor.stats", "monitor.pipeline"):
+        assert _offending_imports(package, ("monitor.alerts",)) == []
+
+
 def test_the_answer_imports_no_page_no_api_and_no_digest() -> None:
     """monitor/answer/ (the decision, its board and its history) sits under everything that
     shows it: pages, the read API, /metrics, the digest."""

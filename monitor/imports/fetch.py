@@ -191,3 +191,31 @@ def fetch(url: str, *, limit: int = MAX_IMPORT_BYTES, deadline_s: float = DEADLI
         finally:
             connection.close()
     raise ImportFileError(f"more than {MAX_REDIRECTS} redirects", source=url)
+
+
+def post(url: str, body: bytes, headers: dict[str, str], *, deadline_s: float = 10.0) -> int:
+    """POST `body` to `url` under the same address policy as `fetch` (checked when resolved,
+    connected to the checked address), following no redirect: the response's status. Used by
+    the alerts' webhook channel. Every failure is an ImportFileError whose `message` names no
+    part of the URL but its host (a webhook URL can carry a token)."""
+    allow_private: bool = settings.PROVIDER_ALLOW_PRIVATE_NETWORKS
+    deadline = time.monotonic() + deadline_s
+    parts, port = _checked(url, allow_private)
+    host = parts.hostname or ""
+    address = _checked_address(host, port, allow_private, host)
+    connection_class = _PinnedHTTPSConnection if parts.scheme == "https" else _PinnedHTTPConnection
+    connection = connection_class(host, port, address, deadline)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    try:
+        connection.request("POST", target, body=body, headers={"User-Agent": USER_AGENT, **headers})
+        response = connection.getresponse()
+        response.read(MAX_IMPORT_BYTES)
+        return int(response.status)
+    except TimeoutError:
+        raise ImportFileError(f"no answer within {deadline_s:g} s", source=host) from None
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        raise ImportFileError(
+            f"cannot post to {host}: {exc.__class__.__name__}", source=host
+        ) from None
+    finally:
+        connection.close()

@@ -43,6 +43,7 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
+from monitor.alerts import metrics as alert_metrics
 from monitor.answer import board
 from monitor.models import GRAIN_DAY, GRAIN_HOUR, HEARTBEAT_TICK, Heartbeat, Region, Route, Task
 from monitor.pages import monitoring
@@ -222,6 +223,7 @@ class RollupCollector(Collector):
         yield from _heartbeats()
         yield from _queues([g.queue_name for g in regions])
         yield from _schedules(self.now)
+        yield from alert_metrics.families()
 
 
 def _counters(series: list[tuple[list[str], Stats]]) -> Iterator[Metric]:

@@ -232,6 +232,19 @@ class Stats(Counters):
             self._pending.setdefault(column, []).extend(arrays)
         self._seen(other.last_probe_at, other.last_ok_at)
 
+    @classmethod
+    def of_values(cls, row: Mapping[str, Any]) -> Stats:
+        """One rollup row as read with .values() (its counters, error kinds, latest times and
+        whichever histogram columns were read): for callers that fold hours themselves (the
+        alerts' backtest reads a month of rows once and slides its window in memory)."""
+        stats = cls(error_kinds={k: int(n) for k, n in (row.get("error_kinds") or {}).items()})
+        for name in COUNTERS:
+            setattr(stats, name, row.get(name) or 0)
+        for column in HISTOGRAMS:
+            stats._defer(column, row.get(column) or [])
+        stats._seen(row.get("last_probe_at"), row.get("last_ok_at"))
+        return stats
+
     def _counts(self, column: str) -> dict[int, int]:
         """The merged counts of a histogram column (ttft_hist -> ttft_counts)."""
         counts = self._merged.get(column)

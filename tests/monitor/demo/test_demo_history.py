@@ -359,3 +359,25 @@ def test_a_scenario_task_gets_whole_runs_marked_and_hidden_like_the_rest(
         hidden = client.get(url).context["page"].scenario
         assert all(line.p50.point is None for line in hidden.lines)
     assert 'class="tag generated"' not in client.get(reverse("rw-log")).content.decode()
+
+
+def test_an_alert_rules_backtest_on_the_demo_history_answers_in_under_two_seconds(
+    demo: float,
+) -> None:
+    from monitor.alerts import backtest
+    from monitor.alerts.models import KIND_AVAILABILITY, KIND_LATENCY, AlertRule
+
+    task = Task.objects.get(slug="support-answer")
+    # A line every probe is past: every hour of every route and region computes its interval.
+    latency = AlertRule.objects.create(
+        task=task, kind=KIND_LATENCY, threshold_ms=1.0, min_regions=1
+    )
+    availability = AlertRule.objects.create(task=task, kind=KIND_AVAILABILITY)
+    for rule in (latency, availability):
+        started = time.perf_counter()
+        result = backtest.run(rule, timezone.now())
+        elapsed = time.perf_counter() - started
+        assert elapsed < 2.0, f"{rule.kind}: {elapsed:.2f} s"
+        assert result.hours == 30 * 24
+        assert re.fullmatch(r"would have fired \d+ times? in the last 30 days", result.headline)
+    assert backtest.run(latency, timezone.now()).firings  # the week of history is in it

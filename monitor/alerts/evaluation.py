@@ -1,0 +1,605 @@
+"""What each rule sees now: the subjects it finds breached, with the figures that say so.
+
+Every figure comes from the hourly rollups the pages read (monitor.stats.rollups), with the
+same 95% intervals (monitor.stats.confidence): a latency rule fires only when the interval's
+lower bound is past the line, an availability rule only when the whole Wilson interval of the
+provider's error rate is above the ceiling. A window of W minutes reads the rows of the hours
+it touches (the current hour's row and the whole hours before it back to now - W).
+
+Agreement: a rule on a route is breached when K of the task's N regions see it
+(AlertRule.min_regions, all of them with fewer than K). When every route of the task fails in
+one region at once, that region is one "region path down" finding (subject region:<id>), and
+the region does not count towards any single route's availability alert.
+
+`evaluate(rule, now)` is pure reading: the lifecycle (monitor.alerts.lifecycle) turns findings
+into state changes, and the backtest (monitor.alerts.backtest) runs it over past hours.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TypedDict
+
+from django.urls import reverse
+
+from monitor.alerts.models import (
+    KIND_AVAILABILITY,
+    KIND_LATENCY,
+    KIND_MISSED_SLOTS,
+    KIND_NO_WINNER,
+    KIND_QUALITY,
+    KIND_RATE_LIMIT,
+    KIND_SERVED_MODEL,
+    KIND_SPEND_CAP,
+    KIND_STALE,
+    KIND_WINNER_CHANGED,
+    AlertRule,
+)
+from monitor.answer import winners
+from monitor.answer.selection import REASON_QUALITY, quality_verdict
+from monitor.models import ProbeResult, Region, Route, WinnerChange
+from monitor.stats import health, hist, rollups, spend
+from monitor.stats.confidence import Estimate, Rate, percentile
+from monitor.stats.rollups import Stats
+
+BASELINE_OFFSET = timedelta(days=7)  # "the same hours last week"
+MIN_SLOTS_FOR_HEALTH = 10  # a region with fewer due slots in the window is not judged
+
+
+class AlertFacts(TypedDict, total=False):
+    """What a notification carries: the figure, its interval, the line, who agrees, why."""
+
+    metric: str
+    unit: str
+    figure: float | None
+    low: float | None
+    high: float | None
+    samples: int
+    threshold: float | None
+    threshold_label: str
+    regions: list[str]  # the regions that agree
+    regions_total: int
+    regions_needed: int
+    why: str
+    link: str  # the page that explains it (a path; the message makes it absolute)
+
+
+@dataclass(frozen=True)
+class Finding:
+    subject: str
+    summary: str
+    facts: AlertFacts
+    route_id: int | None = None
+    region_id: int | None = None
+
+
+Keyed = dict[tuple[int | None, ...], Stats]
+# Stats of the task's routes over [since, until): per (route id, region id), or per (route id,)
+# with all regions merged (by_region False). Live: the rollups; the backtest: rows in memory.
+Read = Callable[[datetime, datetime, bool], Keyed]
+
+
+def _stats(task_id: int, since: datetime, until: datetime, by_region: bool = True) -> Keyed:
+    keys = ["route_id", "region_id"] if by_region else ["route_id"]
+    return rollups.stats_over(
+        since=since,
+        until=until,
+        key_fields=keys,
+        all_regions=not by_region,
+        histograms=by_region,
+        where={"task_id": task_id},
+    )
+
+
+def _route_page(route: Route, rule: AlertRule) -> str:
+    return reverse("rw-route", args=[route.pk]) + f"?task={rule.task.slug}"
+
+
+def _fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "?"
+    if unit == "ms":
+        return f"{value:,.0f} ms"
+    if unit == "tokens/s":
+        return f"{value:,.1f} tokens/s"
+    return f"{value * 100:.1f}%"
+
+
+def _needed(rule: AlertRule, total: int) -> int:
+    return max(1, min(rule.min_regions, total))
+
+
+def evaluate(rule: AlertRule, now: datetime, read: Read | None = None) -> list[Finding]:
+    """The subjects `rule` finds breached at `now` (those it does not list are clear); `read`:
+    where rollup stats come from (the backtest's rows in memory; default the database)."""
+    task = rule.task
+    routes = [r for r in task.routes.all() if r.is_active]
+    regions = [g for g in task.regions.all() if g.is_active]
+    if not routes and rule.kind not in (KIND_MISSED_SLOTS, KIND_SPEND_CAP):
+        return []
+    task_id = task.pk
+
+    def live(since: datetime, until: datetime, by_region: bool) -> Keyed:
+        return _stats(task_id, since, until, by_region)
+
+    return _HANDLERS[rule.kind](rule, now, routes, regions, read or live)
+
+
+def _latency(
+    rule: AlertRule,
+    now: datetime,
+    routes: Sequence[Route],
+    regions: Sequence[Region],
+    read: Read,
+) -> list[Finding]:
+    metric = rule.effective_metric()
+    speed = metric.startswith("tps")
+    unit = "tokens/s" if speed else "ms"
+    q = int(metric.rpartition("_p")[2])
+    current = read(now - rule.window(), now, True)
+    baseline = (
+        read(now - BASELINE_OFFSET - rule.window(), now - BASELINE_OFFSET, True)
+        if rule.baseline_ratio
+        else {}
+    )
+    absolute = rule.effective_threshold()
+    findings = []
+    for route in routes:
+        agreeing: list[tuple[Region, Estimate, float]] = []
+        for region in regions:
+            stats = current.get((route.pk, region.pk))
+            if stats is None:
+                continue
+            est = _estimate(stats, metric, q)
+            line = absolute
+            if rule.baseline_ratio:
+                before = baseline.get((route.pk, region.pk))
+                base = _estimate(before, metric, q).point if before else None
+                if base is None:
+                    continue  # no baseline to hold it against
+                ratio_line = base / rule.baseline_ratio if speed else base * rule.baseline_ratio
+                line = ratio_line if line is None else line
+            if line is None:
+                continue
+            past = (
+                (est.high is not None and est.high < line)
+                if speed
+                else (est.low is not None and est.low > line)
+            )
+            if past:
+                agreeing.append((region, est, line))
+        if len(agreeing) >= _needed(rule, len(regions)) and agreeing:
+            worst = max(agreeing, key=lambda a: (a[1].low or 0) if not speed else -(a[1].high or 0))
+            region, est, line = worst
+            label = (
+                f"{rule.baseline_ratio:g}x its figure the same hours last week"
+                if rule.baseline_ratio
+                else "the budget"
+            )
+            bound = "upper" if speed else "lower"
+            why = (
+                f"{metric.replace('_', ' ')} {_fmt(est.point, unit)} "
+                f"(95% interval {_fmt(est.low, unit)}-{_fmt(est.high, unit)}, {est.n} samples) "
+                f"in {region.slug}: its {bound} bound is {'below' if speed else 'above'} "
+                f"{_fmt(line, unit)} ({label}); {len(agreeing)} of {len(regions)} regions agree"
+            )
+            findings.append(
+                Finding(
+                    subject=f"route:{route.pk}",
+                    route_id=route.pk,
+                    summary=f"{route} slower on {metric.replace('_', ' ')}: {_fmt(est.point, unit)}"
+                    f" ({_fmt(est.low, unit)}-{_fmt(est.high, unit)}, n={est.n}) past "
+                    f"{_fmt(line, unit)}",
+                    facts=AlertFacts(
+                        metric=metric,
+                        unit=unit,
+                        figure=est.point,
+                        low=est.low,
+                        high=est.high,
+                        samples=est.n,
+                        threshold=line,
+                        threshold_label=label,
+                        regions=sorted(a[0].slug for a in agreeing),
+                        regions_total=len(regions),
+                        regions_needed=_needed(rule, len(regions)),
+                        why=why,
+                        link=_route_page(route, rule),
+                    ),
+                )
+            )
+    return findings
+
+
+def _estimate(stats: Stats, metric: str, q: int) -> Estimate:
+    if metric.startswith("tps"):
+        return percentile(stats.tps_counts, q, hist.TPS)
+    return percentile(stats.counts_for(metric, reference=True), q)
+
+
+def _errors(stats: Stats) -> Rate:
+    failed = stats.provider_errors
+    return Rate(failed, stats.count_ok + failed)
+
+
+def _availability(
+    rule: AlertRule,
+    now: datetime,
+    routes: Sequence[Route],
+    regions: Sequence[Region],
+    read: Read,
+) -> list[Finding]:
+    ceiling = rule.effective_ceiling()
+    current = read(now - rule.window(), now, True)
+    failing: dict[int, dict[int, Rate]] = {}  # region id -> route id -> its errors
+    for region in regions:
+        for route in routes:
+            stats = current.get((route.pk, region.pk))
+            if stats is None:
+                continue
+            errors = _errors(stats)
+            if errors.low is not None and errors.low > ceiling:
+                failing.setdefault(region.pk, {})[route.pk] = errors
+    findings = []
+    down = {g for g in regions if len(failing.get(g.pk, {})) == len(routes) and len(routes) > 1}
+    for region in sorted(down, key=lambda g: g.slug):
+        rates = failing[region.pk]
+        k = sum(r.k for r in rates.values())
+        n = sum(r.n for r in rates.values())
+        why = (
+            f"every one of the task's {len(routes)} routes fails in {region.slug} "
+            f"({k} of {n} probes, each route's error rate surely above the "
+            f"{ceiling * 100:.1f}% ceiling): the path from this region is down, not a provider"
+        )
+        findings.append(
+            Finding(
+                subject=f"region:{region.pk}",
+                region_id=region.pk,
+                summary=f"region path down: {region.slug} ({k} of {n} probes failed)",
+                facts=AlertFacts(
+                    metric="error_rate",
+                    unit="share",
+                    figure=k / n if n else None,
+                    samples=n,
+                    threshold=ceiling,
+                    threshold_label="the error ceiling",
+                    regions=[region.slug],
+                    regions_total=len(regions),
+                    regions_needed=1,
+                    why=why,
+                    link=reverse("rw-regions"),
+                ),
+            )
+        )
+    counted = [g for g in regions if g not in down]
+    needed = _needed(rule, len(counted)) if counted else 1
+    for route in routes:
+        agreeing = [
+            (g, failing[g.pk][route.pk]) for g in counted if route.pk in failing.get(g.pk, {})
+        ]
+        if not agreeing or len(agreeing) < needed:
+            continue
+        region, rate = max(agreeing, key=lambda a: a[1].low or 0.0)
+        why = (
+            f"error rate {_fmt(rate.point, 'share')} ({rate.k} of {rate.n} probes, 95% interval "
+            f"{_fmt(rate.low, 'share')}-{_fmt(rate.high, 'share')}) in {region.slug}, surely above "
+            f"the {_fmt(ceiling, 'share')} ceiling; {len(agreeing)} of {len(counted)} regions agree"
+        )
+        findings.append(
+            Finding(
+                subject=f"route:{route.pk}",
+                route_id=route.pk,
+                summary=f"{route} fails: {_fmt(rate.point, 'share')} errors ({rate.k} of "
+                f"{rate.n}) above {_fmt(ceiling, 'share')}",
+                facts=AlertFacts(
+                    metric="error_rate",
+                    unit="share",
+                    figure=rate.point,
+                    low=rate.low,
+                    high=rate.high,
+                    samples=rate.n,
+                    threshold=ceiling,
+                    threshold_label="the error ceiling",
+                    regions=sorted(a[0].slug for a in agreeing),
+                    regions_total=len(counted),
+                    regions_needed=needed,
+                    why=why,
+                    link=_route_page(route, rule),
+                ),
+            )
+        )
+    return findings
+
+
+def _no_winner(
+    rule: AlertRule,
+    now: datetime,
+    routes: Sequence[Route],
+    regions: Sequence[Region],
+    read: Read,
+) -> list[Finding]:
+    task = rule.task
+    latest = winners.latest([task.pk])
+    empty = [
+        (g, latest[(task.pk, g.pk)])
+        for g in regions
+        if (task.pk, g.pk) in latest and latest[(task.pk, g.pk)].route_id is None
+    ]
+    if not empty or len(empty) < _needed(rule, len(regions)):
+        return []
+    reasons = "; ".join(f"{g.slug}: {w.reason}" for g, w in empty)
+    return [
+        Finding(
+            subject="task",
+            summary=f"no route qualifies for {task} in {len(empty)} of {len(regions)} regions",
+            facts=AlertFacts(
+                regions=sorted(g.slug for g, _ in empty),
+                regions_total=len(regions),
+                regions_needed=_needed(rule, len(regions)),
+                why=reasons[:400],
+                link=reverse("rw-task", args=[task.slug]),
+            ),
+        )
+    ]
+
+
+def _winner_changed(
+    rule: AlertRule,
+    now: datetime,
+    routes: Sequence[Route],
+    regions: Sequence[Region],
+    read: Read,
+) -> list[Finding]:
+    """One event per winner change recorded since the rule was made (the lifecycle keeps
+    each subject's event once)."""
+    since = max(rule.created_at, now - rule.window())
+    changes = WinnerChange.objects.filter(
+        task=rule.task, at__gt=since, at__lte=now, route__isnull=False
+    ).select_related("route", "previous", "region")
+    return [
+        Finding(
+            subject=f"change:{c.pk}",
+            route_id=c.route_id,
+            region_id=c.region_id,
+            summary=f"winner in {c.region.slug} is now {c.route} (was {c.previous or 'none'})",
+            facts=AlertFacts(
+                regions=[c.region.slug],
+                why=c.reason,
+                link=reverse("rw-task", args=[rule.task.slug]),
+            ),
+        )
+        for c in changes
+    ]
+
+
+def _quality(
+    rule: AlertRule,
+    now: datetime,
+    routes: Sequence[Route],
+    regions: Sequence[Region],
+    read: Read,
+) -> list[Finding]:
+    task = rule.task
+    merged = read(now - rule.window(), now, False)
+    findings = []
+    for route in routes:
+        ok, reason, detail = quality_verdict(task, route, merged.get((route.pk,)))
+        if ok or reason != REASON_QUALITY:
+            continue
+        findings.append(
+            Finding(
+                subject=f"route:{route.pk}",
+                route_id=route.pk,
+                summary=f"{route} below the quality bar: {detail}",
+                facts=AlertFacts(why=detail, link=reverse("rw-route", args=[route.pk])),
+            )
+        )
+    return findings
+
+
+def _served_model(
+    rule: AlertRule,
+    now: datetime,
+    routes: Sequence[Route],
+    regions: Sequence[Region],
+    read: Read,
+) -> list[Finding]:
+    """The model a route's responses name changed within the window (an event per new
+    model: `model:<route>:<model>`)."""
+    findings = []
+    for route in routes:
+        seen = list(
+            ProbeResult.objects.filter(
+                task=rule.task,
+                route=route,
+                started_at__gte=now - rule.window(),
+                started_at__lte=now,
+                served_model__gt="",
+            )
+            .order_by("-started_at")
+            .values_list("served_model", flat=True)[:500]
+        )
+        if not seen:
+            continue
+        newest = seen[0]
+        before = next((m for m in seen if m != newest), None)
+        if before is None:
+            continue
+        findings.append(
+            Finding(
+                subject=f"model:{route.pk}:{newest}"[:60],
+                route_id=route.pk,
+                summary=f"{route} is now served by {newest} (was {before})",
+                facts=AlertFacts(
+                    why=f"responses name {newest!r}; earlier ones in the window named {before!r}",
+                    link=_route_page(route, rule),
+                ),
+            )
+        )
+    return findings
+
+
+def _stale(
+    rule: AlertRule,
+    now: datetime,
+    routes: Sequence[Route],
+    regions: Sequence[Region],
+    read: Read,
+) -> list[Finding]:
+    """A region with no fresh probe of any of the task's routes: silence is never healthy."""
+    task = rule.task
+    stale_after = task.stale_after()
+    current = read(now - max(rule.window(), stale_after * 2), now, True)
+    findings = []
+    for region in regions:
+        last = max(
+            (
+                s.last_probe_at
+                for (_, g), s in current.items()
+                if g == region.pk and s.last_probe_at
+            ),
+            default=None,
+        )
+        if task.is_fresh(last, now):
+            continue
+        said = f"last probe {last:%Y-%m-%d %H:%M} UTC" if last else "no probe in the window"
+        findings.append(
+            Finding(
+                subject=f"region:{region.pk}",
+                region_id=region.pk,
+                summary=f"{task} figures stale in {region.slug}: {said}",
+                facts=AlertFacts(
+                    regions=[region.slug],
+                    why=f"{said}; figures older than {stale_after} are stale",
+                    link=reverse("rw-status"),
+                ),
+            )
+        )
+    return findings
+
+
+def _missed_slots(
+    rule: AlertRule,
+    now: datetime,
+    routes: Sequence[Route],
+    regions: Sequence[Region],
+    read: Read,
+) -> list[Finding]:
+    ceiling = rule.effective_ceiling()
+    found = health.schedules(now, rule.window(), with_lags=False)
+    findings = []
+    for region in regions:
+        schedule = found.get(region.pk)
+        if schedule is None or schedule.due < MIN_SLOTS_FOR_HEALTH:
+            continue
+        share = schedule.missed_share or 0.0
+        if share <= ceiling:
+            continue
+        why = (
+            f"{schedule.missed} of {schedule.due} slots missed in {region.slug} "
+            f"({share * 100:.1f}%, above {ceiling * 100:.1f}%): our workers there are down or "
+            "overloaded (missed slots are ours, never a provider's)"
+        )
+        findings.append(
+            Finding(
+                subject=f"region:{region.pk}",
+                region_id=region.pk,
+                summary=f"region {region.slug} misses slots: {schedule.missed} of {schedule.due}",
+                facts=AlertFacts(
+                    figure=share,
+                    unit="share",
+                    samples=schedule.due,
+                    threshold=ceiling,
+                    regions=[region.slug],
+                    why=why,
+                    link=reverse("rw-status"),
+                ),
+            )
+        )
+    return findings
+
+
+def _spend_cap(
+    rule: AlertRule,
+    now: datetime,
+    routes: Sequence[Route],
+    regions: Sequence[Region],
+    read: Read,
+) -> list[Finding]:
+    state = spend.cap_states([rule.task], now).get(rule.task.pk)
+    if state is None:
+        return []
+    return [
+        Finding(
+            subject="task",
+            summary=state.reason[:300],
+            facts=AlertFacts(
+                figure=float(state.committed_usd),
+                unit="usd",
+                threshold=float(state.cap_usd),
+                why=state.reason,
+                link=reverse("rw-task", args=[rule.task.slug]),
+            ),
+        )
+    ]
+
+
+def _rate_limit(
+    rule: AlertRule,
+    now: datetime,
+    routes: Sequence[Route],
+    regions: Sequence[Region],
+    read: Read,
+) -> list[Finding]:
+    """Headroom: the share of probes answered 429 (rate limited), surely above the line."""
+    ceiling = rule.effective_ceiling()
+    current = read(now - rule.window(), now, True)
+    findings = []
+    for route in routes:
+        agreeing = []
+        for region in regions:
+            stats = current.get((route.pk, region.pk))
+            if stats is None:
+                continue
+            limited = Rate(stats.error_kinds.get("http_429", 0), stats.count_ok + stats.count_error)
+            if limited.low is not None and limited.low > ceiling:
+                agreeing.append((region, limited))
+        if agreeing and len(agreeing) >= _needed(rule, len(regions)):
+            region, rate = agreeing[0]
+            findings.append(
+                Finding(
+                    subject=f"route:{route.pk}",
+                    route_id=route.pk,
+                    summary=f"{route} rate limited: {rate.k} of {rate.n} probes got HTTP 429",
+                    facts=AlertFacts(
+                        figure=rate.point,
+                        low=rate.low,
+                        high=rate.high,
+                        unit="share",
+                        samples=rate.n,
+                        threshold=ceiling,
+                        regions=sorted(a[0].slug for a in agreeing),
+                        regions_total=len(regions),
+                        why=f"{rate.k} of {rate.n} probes in {region.slug} were refused with "
+                        f"HTTP 429, surely more than {ceiling * 100:.0f}%",
+                        link=_route_page(route, rule),
+                    ),
+                )
+            )
+    return findings
+
+
+Handler = Callable[[AlertRule, datetime, Sequence[Route], Sequence[Region], Read], list[Finding]]
+_HANDLERS: dict[str, Handler] = {
+    KIND_LATENCY: _latency,
+    KIND_AVAILABILITY: _availability,
+    KIND_NO_WINNER: _no_winner,
+    KIND_WINNER_CHANGED: _winner_changed,
+    KIND_QUALITY: _quality,
+    KIND_SERVED_MODEL: _served_model,
+    KIND_STALE: _stale,
+    KIND_MISSED_SLOTS: _missed_slots,
+    KIND_SPEND_CAP: _spend_cap,
+    KIND_RATE_LIMIT: _rate_limit,
+}
