@@ -143,6 +143,9 @@ def test_every_figure_matches_the_simulators_ground_truth(
             assert 0 <= result.server_ms <= result.e2e_ms
         else:
             assert result.server_ms is None
+        if fmt == "responses":  # kept out of the account's stored responses, and unpadded
+            assert truth["options"]["store"] is False
+            assert truth["options"]["obfuscation"] is False
     # Within 1 ms of the send times, read from the kernel's receive stamps; on a shared, busy
     # machine the simulator can be preempted between stamping a token and writing it, so one
     # stamp of six may be late by a few ms (never by more than the loopback bound, 25 ms).
