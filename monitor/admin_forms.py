@@ -329,3 +329,11 @@ class TaskForm(forms.ModelForm[Task]):
     class Meta:
         model = Task
         exclude: list[str] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Declared fields lose the model's defaults: a new task starts with them ticked (one
+        # HTTP version, JSON, warm, stable), not four empty "This field is required." groups.
+        if self.instance.pk is None:
+            for name in ("http_versions", "body_encodings", "connection_modes", "prefix_modes"):
+                self.fields[name].initial = Task._meta.get_field(name).get_default()

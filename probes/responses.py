@@ -187,6 +187,11 @@ class _Reader:
         self.expected: int | None = None  # the first number seen starts the count
 
     def parse(self, event: Event) -> list[Piece]:
+        if event.data.strip() == "[DONE]":
+            # Chat Completions' sentinel, which gateways append to Responses streams too
+            # (LiteLLM 1.81's bridge does); the openai SDK's stream stops at it. It carries no
+            # output: whether the response ended is for its terminal event to say.
+            return []
         data = self.fmt._json(event.data)
         number = data.get("sequence_number")
         if isinstance(number, int) and not isinstance(number, bool):

@@ -90,6 +90,9 @@ class Truth:
     server_ms: float | None = None  # the provider's own time, as its response reports it
     correct: bool | None = None
     faults: list[str] = field(default_factory=list)
+    # The request's settings as its model profile read them (Responses: store, obfuscation;
+    # Gemini: chunk_tokens; Bedrock: latency).
+    options: dict[str, Any] = field(default_factory=dict)
     planned_ttft_ms: float | None = None
     planned_tokens_per_s: float | None = None
     token_times: array[float] = field(default_factory=lambda: array("d"))
@@ -433,7 +436,7 @@ class SimulatorApp:
         truth: Truth,
         headers: list[tuple[str, str]],
     ) -> None:
-        body = self._decode(provider, wire, request)
+        body = wire.normalize(self._decode(provider, wire, request))
         faults = self._faults(provider, request.headers)
         truth.faults = sorted(faults)
         if "reject_stream_options" in faults and "stream_options" in body:
@@ -493,6 +496,7 @@ class SimulatorApp:
         truth.cached_tokens = cached
         truth.cache_creation_tokens = created
         truth.service_tier = plan.service_tier
+        truth.options = dict(shaped.options)
         truth.correct = plan.correct
         truth.planned_ttft_ms = plan.ttft_s * 1000
         truth.planned_tokens_per_s = plan.decode_tokens_per_s

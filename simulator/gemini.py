@@ -96,6 +96,15 @@ class GeminiNative(WireFormat):
     def limit_headers(self, limits: Limits) -> list[tuple[str, str]]:
         return []  # Gemini sends no rate-limit headers
 
+    def normalize(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Proto3 JSON: a parser accepts each field by its lowerCamelCase name or by its proto
+        name (snake_case), and Google's does. The google-genai SDK writes
+        `thinkingConfig: {"thinking_budget", "include_thoughts", "thinking_level"}`; the
+        documentation's examples the camelCase names. Both are read as one; a field given
+        twice is refused, as a parser refuses a repeated field."""
+        data: dict[str, Any] = _camel(body, "")
+        return data
+
     def check_body(self, body: dict[str, Any]) -> None:
         if not isinstance(body.get("contents"), list) or not body["contents"]:
             raise HttpError(400, "* GenerateContentRequest.contents: contents is not specified")
@@ -230,3 +239,26 @@ class GeminiNative(WireFormat):
             "status": "RESOURCE_EXHAUSTED",
         }
         return b"data: " + _dumps({"error": error}) + b"\r\n\r\n"
+
+
+# Free-form values (google.protobuf.Struct and JSON Schema): their keys are data, not fields.
+_FREE_FORM = frozenset({"args", "response", "responseSchema", "responseJsonSchema", "parameters"})
+
+
+def _camel(value: Any, path: str) -> Any:
+    if isinstance(value, list):
+        return [_camel(v, path) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        name = re.sub(r"_([a-z0-9])", lambda m: m.group(1).upper(), key)
+        if name in out:
+            where = f"{path}.{name}" if path else name
+            raise HttpError(
+                400,
+                f'Invalid JSON payload received. Duplicate field "{where}" (given by both its '
+                "names).",
+            )
+        out[name] = item if name in _FREE_FORM else _camel(item, f"{path}.{name}" if path else name)
+    return out

@@ -324,7 +324,29 @@ class OpenAIResponses(ModelProfile):
             service_tier=served_tier,
         )
         obfuscate = not (isinstance(options, dict) and options.get("include_obfuscation") is False)
-        return ShapedRequest(shape, options={"obfuscation": obfuscate})
+        # `store` defaults to true: the response is kept (and says so) unless told not to.
+        store = body.get("store", True)
+        if not isinstance(store, bool):
+            raise HttpError(
+                400,
+                "Invalid type for 'store': expected a boolean, but got "
+                f"{_json_type(store)} instead.",
+                param="store",
+                code="invalid_type",
+            )
+        return ShapedRequest(shape, options={"obfuscation": obfuscate, "store": store})
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return "null"
 
 
 class Gemini(ModelProfile):
@@ -360,9 +382,10 @@ class Gemini(ModelProfile):
             if budget != -1:
                 tokens = min(tokens, max(0, budget))
         elif level is not None:
-            if level not in self.LEVELS:
+            # The enum's name: the SDKs send "LOW", the documentation's examples "low".
+            if not isinstance(level, str) or level.lower() not in self.LEVELS:
                 raise _gemini_invalid(f"Invalid value at 'thinking_level' ({json.dumps(level)})")
-            tokens = round(tokens * self.LEVELS[level])
+            tokens = round(tokens * self.LEVELS[level.lower()])
         if (budget or level) and profile.reasoning_tokens == 0 and budget != -1:
             raise _gemini_invalid("Thinking is not supported by this model.")
         shown = profile.thinking_summary_ratio if thinking.get("includeThoughts") else 0.0

@@ -85,7 +85,7 @@ class OpenAIResponses(OpenAIChat):
             "model": ctx.model,
             "output": [],
             "service_tier": plan.service_tier or "default",
-            "store": False,
+            "store": ctx.options.get("store", True),
             "usage": None,
         }
         if status in ("completed", "incomplete"):

@@ -223,6 +223,11 @@ class WireFormat:
         if self.api_key(request.headers) not in provider.api_keys:
             raise self.unauthorized()
 
+    def normalize(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The body as the API reads it, before anything looks at it (Gemini: field names in
+        either of proto3 JSON's spellings)."""
+        return body
+
     def check_body(self, body: dict[str, Any]) -> None:
         """Refuse a body without what the API requires (after the model is known)."""
         if not isinstance(body.get("messages"), list) or not body["messages"]:

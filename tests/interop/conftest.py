@@ -400,3 +400,45 @@ def litellm(litellm_bin: Path, interop_dir: Path, fakellm: Server) -> Iterator[L
     )
     yield LiteLLM(server, dying)
     server.stop()
+
+
+# llmock paces its streams by one pause between chunks (the ground truth for inter-token gaps).
+LLMOCK_CHUNK_DELAY_MS = 20
+
+
+@pytest.fixture(scope="package")
+def llmock_bin() -> Path:
+    return _bin("llmock")
+
+
+@pytest.fixture(scope="package")
+def llmock(llmock_bin: Path, interop_dir: Path) -> Iterator[Server]:
+    """llmock as its CLI serves it (uvicorn), answering with scripted replies (its admin API,
+    /_llmock/scenario) or, unscripted, with an echo of the prompt."""
+    port = free_port()
+    server = _start(
+        Server(
+            name="llmock",
+            argv=[
+                str(llmock_bin / "llmock"),
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+                "--response-style",
+                "echo",
+                "--tool-mode",
+                "off",
+                "--stream-chunk-delay-ms",
+                str(LLMOCK_CHUNK_DELAY_MS),
+            ],
+            port=port,
+            log=interop_dir / "llmock.log",
+            ready_path="/health",
+        )
+    )
+    yield server
+    server.stop()

@@ -1,4 +1,4 @@
-"""Independent OpenAI- and Anthropic-compatible servers, installed and run for the interop tests.
+"""Independent servers of the wire formats we probe, installed and run for the interop tests.
 
 Each server comes from PyPI at a pinned version and lives in a virtualenv of its own under
 var/interop-venv/ (never in the project's .venv: their pins must not move ours, and stubllm
@@ -39,6 +39,9 @@ SUITES: dict[str, tuple[str, ...]] = {
     "mocks": ("mockllm==0.0.8", "fakellm==0.3.5", "stubllm==0.1.5", "hypercorn==0.17.3"),
     # The LiteLLM proxy gateway (heavy: ~500 MB, ~100 packages).
     "litellm": ("litellm[proxy]==1.81.13",),
+    # A FastAPI mock of many providers' wire formats, OpenAI Responses and Gemini native among
+    # them (the newer formats' independent servers; tests/interop/test_newer_formats.py).
+    "llmock": ("llmock==0.2.2",),
 }
 INSTALL_TIMEOUT_S = 1500.0
 

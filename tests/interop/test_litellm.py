@@ -10,6 +10,7 @@ from typing import Any
 import httpx2
 import pytest
 
+from probes import ProbeSpec
 from probes.engine import Progress
 from probes.tokenizer import count_tokens
 from tests.interop.conftest import (
@@ -205,3 +206,49 @@ def test_an_upstream_dying_mid_stream_is_passed_off_as_complete_by_the_gateway(
     assert result.text
     assert LONG_ANSWER.startswith(result.text)
     assert len(result.text) < len(LONG_ANSWER)
+
+
+def _newer(litellm: LiteLLM, fmt: str, model: str) -> ProbeSpec:
+    base = "/v1" if fmt == "responses" else "/v1beta"
+    return ProbeSpec(
+        base_url=litellm.server.origin + base,
+        format=fmt,
+        model=model,
+        api_key=LITELLM_KEY,
+        user_prompt=PROMPT,
+        max_tokens=256,
+        total_timeout_s=30.0,
+        first_token_timeout_s=20.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("fmt", "model"),
+    [
+        # OpenAI Responses in, from an Anthropic upstream: the gateway's own bridge writes the
+        # Responses events (its "litellm_completion_transformation"), then `data: [DONE]`.
+        ("responses", "up-claude"),
+        # Gemini native in (its /v1beta/models/M:streamGenerateContent), from an OpenAI or an
+        # Anthropic upstream: the gateway writes the Gemini chunks.
+        ("gemini", "up-openai"),
+        ("gemini", "up-claude"),
+    ],
+)
+def test_the_newer_formats_from_the_gateway(litellm: LiteLLM, fmt: str, model: str) -> None:
+    result = run_one(_newer(litellm, fmt, model))
+    assert not ok_fields(result), ok_fields(result)
+    assert result.text == ANSWER
+    assert result.output_tokens is not None
+    assert result.input_tokens is not None
+
+
+def test_a_responses_mock_model_fails_the_gateway_on_a_stream_request(litellm: LiteLLM) -> None:
+    """LiteLLM 1.81.13's /v1/responses returns a mock_response model's whole response object
+    before streaming (responses/main.py), and its streaming path then iterates it: HTTP 500
+    "'async for' requires an object with __aiter__ method, got ResponsesAPIResponse" (its bug).
+    The engine reports what it was told, with the gateway's words."""
+    result = run_one(_newer(litellm, "responses", "gpt-4o-mock"))
+    assert (result.outcome, result.error_kind) == ("error", "http_5xx"), result.error_detail
+    assert "HTTP 500" in result.error_detail
+    assert "ResponsesAPIResponse" in result.error_detail
+    assert LITELLM_KEY not in result.error_detail

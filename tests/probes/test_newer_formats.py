@@ -143,6 +143,9 @@ def test_every_figure_matches_the_simulators_ground_truth(
             assert 0 <= result.server_ms <= result.e2e_ms
         else:
             assert result.server_ms is None
+        if fmt == "responses":  # kept out of the account's stored responses, and unpadded
+            assert truth["options"]["store"] is False
+            assert truth["options"]["obfuscation"] is False
     # Within 1 ms of the send times, read from the kernel's receive stamps; on a shared, busy
     # machine the simulator can be preempted between stamping a token and writing it, so one
     # stamp of six may be late by a few ms (never by more than the loopback bound, 25 ms).
@@ -279,3 +282,23 @@ def test_the_cli_probes_each_format(
     assert row["outcome"] == "ok"
     assert row["ttft_ms"] is not None
     assert row["output_tokens"] > 0
+
+
+def test_a_done_sentinel_after_a_responses_stream_is_no_output() -> None:
+    """LiteLLM's Responses bridge ends its streams with Chat Completions' `data: [DONE]`, as
+    the openai SDK's stream tolerates: it neither fails the probe nor ends it (the terminal
+    event does)."""
+    from probes.formats import WIRE_FORMATS
+    from probes.sse import Event
+
+    read = WIRE_FORMATS["responses"].reader()
+    completed = {
+        "type": "response.completed",
+        "sequence_number": 0,
+        "response": {"model": "m", "usage": {"input_tokens": 3, "output_tokens": 2}},
+    }
+    kinds = [p.kind for p in read(Event("response.completed", json.dumps(completed)))]
+    assert kinds[-1] == "done"
+    assert read(Event("", "[DONE]")) == []
+    fresh = WIRE_FORMATS["responses"].reader()
+    assert fresh(Event("", "[DONE]")) == []  # and alone it says nothing about the end

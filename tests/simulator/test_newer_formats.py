@@ -134,3 +134,69 @@ def test_gemini_hides_thoughts_unless_asked_and_bills_them_either_way(
     for stream in (hidden, shown):
         assert stream[-1]["usageMetadata"]["thoughtsTokenCount"] == 60
         assert stream[-1]["candidates"][0]["finishReason"] == "STOP"
+
+
+def test_responses_keeps_the_response_unless_store_is_false(sim: SimulatorProcess) -> None:
+    """`store` defaults to true (the response is kept and says so); anything but a boolean
+    is refused."""
+    url = f"{sim.base_url}/oairesp/v1/responses"
+    auth = {"authorization": "Bearer sk-test-oairesp-0123456789"}
+    body = {"model": "resp-plain", "input": "hi", "max_output_tokens": 20}
+    assert httpx2.post(url, headers=auth, json=body).json()["store"] is True
+    unstored = httpx2.post(url, headers=auth, json={**body, "store": False})
+    assert unstored.json()["store"] is False
+    truth = httpx2.get(
+        f"{sim.base_url}/_sim/requests/{unstored.json()['id'].removeprefix('resp_')}"
+    ).json()
+    assert truth["options"]["store"] is False
+    refused = httpx2.post(url, headers=auth, json={**body, "store": "no"})
+    assert refused.status_code == 400
+    assert refused.json()["error"]["code"] == "invalid_type"
+    assert refused.json()["error"]["param"] == "store"
+
+
+def test_gemini_takes_a_thinking_level_in_either_case(sim: SimulatorProcess) -> None:
+    """The SDKs send the enum's name ("LOW"), the documentation's examples "low"."""
+    url = f"{sim.base_url}/gemsim/v1beta/models/gem-think:generateContent"
+    headers = {"x-goog-api-key": "test-gemsim-key-0123456789"}
+
+    def thoughts(level: str) -> int:
+        body = {
+            "contents": [{"parts": [{"text": "hi"}]}],
+            "generationConfig": {"thinkingConfig": {"thinkingLevel": level}},
+        }
+        response = httpx2.post(url, headers=headers, json=body)
+        assert response.status_code == 200, response.text
+        return int(response.json()["usageMetadata"]["thoughtsTokenCount"])
+
+    assert thoughts("LOW") == thoughts("low") < thoughts("high")
+    bad = {"contents": [{}], "generationConfig": {"thinkingConfig": {"thinkingLevel": "lots"}}}
+    assert httpx2.post(url, headers=headers, json=bad).status_code == 400
+
+
+def test_gemini_reads_a_field_by_either_of_its_proto3_json_names(sim: SimulatorProcess) -> None:
+    """google-genai writes thinkingConfig's fields as `include_thoughts`, `thinking_budget`;
+    the documentation's examples as `includeThoughts`, `thinkingBudget`. Proto3 JSON parsers,
+    Google's among them, take both; a field given by both names is refused."""
+    url = f"{sim.base_url}/gemsim/v1beta/models/gem-think:generateContent"
+    headers = {"x-goog-api-key": "test-gemsim-key-0123456789"}
+
+    def answer(thinking: dict[str, Any]) -> httpx2.Response:
+        body = {
+            "contents": [{"parts": [{"text": "hi"}]}],
+            "generation_config": {"max_output_tokens": 500, "thinking_config": thinking},
+        }
+        return httpx2.post(url, headers=headers, json=body)
+
+    snake = answer({"include_thoughts": True, "thinking_budget": 10})
+    camel = answer({"includeThoughts": True, "thinkingBudget": 10})
+    for response in (snake, camel):
+        assert response.status_code == 200, response.text
+        usage = response.json()["usageMetadata"]
+        assert usage["thoughtsTokenCount"] == 10  # the budget was read
+        parts = response.json()["candidates"][0]["content"]["parts"]
+        assert any(p.get("thought") for p in parts)  # and includeThoughts
+    assert answer({"thinking_budget": 10, "thinking_level": "low"}).status_code == 400
+    twice = answer({"thinkingBudget": 10, "thinking_budget": 20})
+    assert twice.status_code == 400
+    assert "Duplicate field" in twice.json()["error"]["message"]

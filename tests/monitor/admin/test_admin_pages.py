@@ -85,3 +85,19 @@ def test_a_private_provider_url_is_refused_unless_allowed(admin_client: Client, 
     assert response.status_code == 200
     assert b"non-public address" in response.content
     assert not Provider.objects.filter(slug="local").exists()
+
+
+def test_a_new_tasks_probe_options_start_at_the_models_defaults(admin_client: Client) -> None:
+    """The add form ticks one HTTP version, JSON, warm and stable, as the model defaults them:
+    a new user saving a task does not meet four empty required groups."""
+    body = admin_client.get(reverse("admin:monitor_task_add")).content.decode()
+    for name, value in [
+        ("http_versions", "1.1"),
+        ("body_encodings", "json"),
+        ("connection_modes", "warm"),
+        ("prefix_modes", "stable"),
+    ]:
+        ticked = [
+            tag for tag in body.split("<input") if f'name="{name}"' in tag and " checked" in tag
+        ]
+        assert [f'value="{value}"' in tag for tag in ticked] == [True], (name, ticked)
