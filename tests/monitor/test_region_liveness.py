@@ -13,6 +13,7 @@ One stack: beat, an ingest worker, the simulator, and real region workers for th
 
 from __future__ import annotations
 
+import html
 import importlib.metadata
 import re
 import socket
@@ -38,6 +39,11 @@ from tests.processes import ProcessStack, running
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 LIVE, GONE, CUT = "r-live", "r-gone", "r-cut"
+
+
+def _page(client: Client, name: str) -> str:
+    """The page as its reader sees the text (HTML entities unescaped)."""
+    return html.unescape(client.get(reverse(name)).content.decode())
 
 
 def _row(page: str, attrs: str) -> str:
@@ -140,7 +146,7 @@ def test_each_regions_workers_are_shown_and_a_down_or_cut_region_is_never_its_pr
         assert support.wait_until(lambda: len(liveness.live_workers() or {}) == 3, 30, 0.5)
 
         # The Status page: each region's workers with their heartbeat.
-        status = client.get(reverse("rw-status")).content.decode()
+        status = _page(client, "rw-status")
         live = _row(status, f'data-worker="[^"]+" data-worker-region="{LIVE}"')
         assert _cell(live, "version") == importlib.metadata.version("routewatch")
         offset = re.search(r'data-clock-offset="(-?[\d.]+)"', live)
@@ -151,7 +157,7 @@ def test_each_regions_workers_are_shown_and_a_down_or_cut_region_is_never_its_pr
         assert re.fullmatch(r"\d+ s ago", _cell(live, "last-consumed")), live
         assert _cell(live, "state") == "consuming"
         # While r-gone's worker lives, its figures read green.
-        overview = client.get(reverse("rw-overview")).content.decode()
+        overview = _page(client, "rw-overview")
         assert {s for s, _ in _overview_cells(overview, GONE)} == {"ok"}, overview
 
         # r-cut: every probe failed at its network, to two providers: its path, not them.
@@ -170,12 +176,12 @@ def test_each_regions_workers_are_shown_and_a_down_or_cut_region_is_never_its_pr
         # r-gone's worker stops: once its heartbeat has expired, its region is down.
         stack.stop(GONE)
         assert support.wait_until(lambda: GONE not in (liveness.live_workers() or {}), 30, 0.5)
-        status = client.get(reverse("rw-status")).content.decode()
+        status = _page(client, "rw-status")
         gone_row = _row(status, f'data-worker-region="{GONE}" class="over-border"')
         assert "down: no live worker" in gone_row
         assert f"{GONE}: down, no live worker" in status
         assert _row(status, f'data-region="{GONE}"')  # still in the regions' table
-        overview = client.get(reverse("rw-overview")).content.decode()
+        overview = _page(client, "rw-overview")
         cells = _overview_cells(overview, GONE)
         assert len(cells) == 1, overview
         for state, cell in cells:
