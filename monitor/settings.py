@@ -70,6 +70,11 @@ try:
     # it has threads free has stopped consuming (celery#10205): it exits, and its supervisor
     # starts it again (monitor.pipeline.region.liveness).
     CONSUMER_STALL_SECONDS = envint("RW_CONSUMER_STALL_SECONDS", 20, minimum=5, maximum=3600)
+    # How long any exchange with the broker may take before the connection is taken as dead
+    # (a WAN path cut without a reset), and how often an idle or consuming connection is
+    # checked (kombu's health_check_interval): see CELERY_BROKER_TRANSPORT_OPTIONS.
+    BROKER_SOCKET_TIMEOUT_S = envint("RW_BROKER_SOCKET_TIMEOUT_SECONDS", 5, minimum=2, maximum=300)
+    BROKER_HEALTH_CHECK_S = envint("RW_BROKER_HEALTH_CHECK_SECONDS", 5, minimum=1, maximum=300)
     # A region worker holds no SECRET_KEY, database, mail or master key: its region's own
     # secrets (RW_REGION_KEYS, "key_id:secret,...") authenticate what it is sent and open
     # the provider keys the beat re-encrypted for it (monitor.pipeline.signing).
@@ -377,7 +382,18 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Derived from the longest probe deadline (monitor.limits), like the region tasks' limits.
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": limits.VISIBILITY_TIMEOUT_S}
+# A broker across a WAN can vanish without closing the connection (a cut path, a NAT or a
+# firewall forgetting it): every exchange is bounded, so a region worker notices within
+# seconds and reconnects, and a result it cannot publish goes to its spool instead of waiting
+# forever. kombu drops a consumer's BRPOP connection whose reply is overdue by
+# health_check_interval (at most 1 + 2 * 5 s after the path went quiet), and Celery reconnects.
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": limits.VISIBILITY_TIMEOUT_S,
+    "socket_timeout": BROKER_SOCKET_TIMEOUT_S,
+    "socket_connect_timeout": BROKER_SOCKET_TIMEOUT_S,
+    "socket_keepalive": True,
+    "health_check_interval": BROKER_HEALTH_CHECK_S,
+}
 CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_TASK_ROUTES = {
     # monitor.pipeline.queues.SCHEDULE_QUEUE: its own worker process (the scheduler).

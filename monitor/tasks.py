@@ -236,8 +236,15 @@ def _start_liveness_beacon(sender: Any = None, **_: Any) -> None:
     threads = int(getattr(getattr(sender, "pool", None), "limit", 0) or 0)
     version = _version()
     stopping = threading.Event()
+    # The consumer's broker connection: a new one (or none) means it lost the broker and is
+    # coming back, and is given its time before it counts as stalled.
+    seen: dict[str, object] = {"connection": getattr(getattr(sender, "consumer", None), "connection", None)}  # fmt: skip
 
     def beat() -> None:
+        connection = getattr(getattr(sender, "consumer", None), "connection", None)
+        if connection is None or connection is not seen["connection"]:
+            seen["connection"] = connection
+            CONSUMER.restarted()
         load = worker.LOAD
         try:
             clock.measure()
@@ -291,6 +298,7 @@ def _start_liveness_beacon(sender: Any = None, **_: Any) -> None:
                 "version": version,
                 "clock_offset_s": None if offset is None else round(offset, 3),
                 "clock_ok": off is None,
+                "clock_tolerance_s": settings.CLOCK_TOLERANCE_SECONDS,
                 "spooled": spooled,
                 "last_consumed_at": CONSUMER.last_consumed_at,
                 "consuming": idle is None,

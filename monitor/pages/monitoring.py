@@ -3,7 +3,7 @@
 Per region: slots due, probed and missed over the last hour and day (monitor.stats.health, the
 minutes ingest keeps), the start lag's p50 and p99, the slots still open, the batches waiting in
 its queue, the probes its workers carry and when one was last seen (their beacons,
-monitor.pipeline.liveness). The Status page shows the table, `/metrics` exports it, and the
+monitor.pipeline.region.liveness). The Status page shows the table, `/metrics` exports it, and the
 overview's banner names every region that misses more than 1% of its slots or has no live
 worker, with the cause.
 
@@ -115,10 +115,12 @@ def _worker_problems(h: RegionHealth) -> list[str]:
         name = f"{h.region.slug}: worker {w['worker']}"
         if not w.get("clock_ok", True):
             off = float(w.get("clock_offset_s") or 0.0)
+            # The worker's own tolerance (RW_CLOCK_TOLERANCE_SECONDS where it runs).
+            tolerance = w.get("clock_tolerance_s", settings.CLOCK_TOLERANCE_SECONDS)
             out.append(
                 f"{name}: its clock is {abs(off):.0f} s {'ahead of' if off < 0 else 'behind'} "
-                f"the central clock, beyond the tolerance of {settings.CLOCK_TOLERANCE_SECONDS} "
-                "s: it refuses work until its time sync (NTP) is fixed"
+                f"the central clock, beyond its tolerance of {tolerance} s: it refuses work "
+                "(its slots are recorded missed, ours) until its time sync (NTP) is fixed"
             )
         if not w.get("consuming", True):
             out.append(f"{name}: stopped consuming (messages wait); it restarts itself")
@@ -237,6 +239,25 @@ def path_failures(now: datetime, region_ids: list[int]) -> dict[int, PathFailure
     }
 
 
-def banner(now: datetime) -> list[str]:
+def banner(now: datetime, healths: list[RegionHealth] | None = None) -> list[str]:
     """The overview's banner: one line per problem, naming the region and its cause."""
-    return [p for h in regions_health(now) for p in h.problems]
+    healths = regions_health(now) if healths is None else healths
+    return [p for h in healths for p in h.problems]
+
+
+def region_verdicts(healths: list[RegionHealth]) -> dict[str, str]:
+    """Region slug -> why its cells cannot be read as its providers' figures now: down (no
+    live worker), or its path failed. The overview marks those cells so (never green)."""
+    out = {}
+    for h in healths:
+        if h.down:
+            out[h.region.slug] = (
+                "its region is down (no live worker): nothing probes from there, "
+                "the providers are not to blame"
+            )
+        elif h.path_failed is not None:
+            out[h.region.slug] = (
+                "its region's network path failed (every probe failed before any answer, "
+                f"across {h.path_failed.providers} providers): the providers are not to blame"
+            )
+    return out

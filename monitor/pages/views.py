@@ -103,6 +103,19 @@ def overview(request: HtmxHttpRequest) -> HttpResponse:
         data = board.build(now, window=max(now - not_before, timedelta(minutes=1)))
     else:
         data = board.current(now)
+    healths = monitoring.regions_health(now)
+    # A region with no live worker, or whose path failed, is never shown green: its cells are
+    # unknown, saying why (the snapshot's rows are rendered again for this read).
+    verdicts = monitoring.region_verdicts(healths)
+    for row in data.rows:
+        for cell in row.cells:
+            if cell.region_slug in verdicts:
+                cell.stale = True
+                if cell.winner is None:
+                    cell.why = verdicts[cell.region_slug]
+                else:
+                    cell.silence = verdicts[cell.region_slug]
+                data.rows_html = ""
     ctx = {
         "rows": data.rows,
         # Rendered with the snapshot (a reader's own overview has none: rendered here).
@@ -117,7 +130,7 @@ def overview(request: HtmxHttpRequest) -> HttpResponse:
         "checklist": None if data.rows else setup_checklist(),
         "cap_notices": _cap_notices(Task.objects.filter(is_active=True), now),
         # Regions missing slots or without a live worker, with the cause (never silent).
-        "health_problems": monitoring.banner(now),
+        "health_problems": monitoring.banner(now, healths),
     }
     # Its only htmx request is the refresh of the body.
     template = "front/overview.html#overview-body" if request.htmx else "front/overview.html"

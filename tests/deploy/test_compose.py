@@ -85,6 +85,7 @@ def test_region_workers_get_the_broker_and_their_region_key_only(rendered) -> No
             "RW_REGION",
             "RW_REGION_KEYS",
             "REDIS_URL",
+            "REDIS_CA_FILE",
             "RW_SPOOL_DIR",
         }
         assert env["RW_WORKER_ONLY"] == "true"
@@ -95,7 +96,7 @@ def test_region_workers_get_the_broker_and_their_region_key_only(rendered) -> No
         assert " ".join(pool[:2]) in command, name
         assert " ".join(pool[-2:]) in command, name
         assert "postgres" not in service.get("depends_on", {})
-        assert env["REDIS_URL"].startswith("redis://routewatch:")  # a password, never anonymous
+        assert env["REDIS_URL"].startswith("rediss://routewatch:")  # a password, never anonymous
 
 
 def test_every_service_that_needs_the_schema_waits_for_migrate(rendered) -> None:
@@ -134,6 +135,76 @@ def test_postgres_is_the_embedded_major_and_redis_needs_a_password(rendered) -> 
     user = redis_args.index("default")
     assert redis_args[user - 1 : user + 2] == ["--user", "default", "off"]
     assert any(arg.startswith(">") and len(arg) > 1 for arg in redis_args)
+
+
+def _mounts(service: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """target -> (source, mode); docker-compose renders a mount as "source:target:mode"."""
+    found = {}
+    for mount in service.get("volumes", []):
+        source, target, mode = mount.split(":")
+        found[target] = (source, mode)
+    return found
+
+
+def test_the_broker_speaks_tls_only_and_every_client_verifies_it_against_our_ca(
+    rendered,
+) -> None:
+    services = _services(rendered)
+    redis = services["redis"]
+    args = redis["command"]
+    assert args[args.index("--port") + 1] == "0"  # no clear-text port, not even inside
+    assert args[args.index("--tls-port") + 1] == "6380"
+    cert, key = args[args.index("--tls-cert-file") + 1], args[args.index("--tls-key-file") + 1]
+    # Only the TLS port is published (for regions elsewhere).
+    assert [int(p["target"]) for p in redis.get("ports", [])] == [6380]
+    # The certificates are made before Redis starts, in a volume Redis mounts read-only.
+    certs = services["broker-certs"]
+    assert redis["depends_on"]["broker-certs"]["condition"] == "service_completed_successfully"
+    assert _mounts(redis)["/tls"] == ("brokertls", "ro")
+    assert cert.startswith("/tls/")
+    assert key.startswith("/tls/")
+    assert "monitor.broker_tls /tls --ca-copy /ca" in " ".join(certs["command"])
+    assert "host redis," in " ".join(certs["command"])  # the name the clients use
+    healthcheck = " ".join(redis["healthcheck"]["test"])
+    assert "--tls --cacert /tls/ca.pem" in healthcheck
+    # Every client (servers and region workers) over TLS, verified against the CA alone.
+    clients = {n: s for n, s in services.items() if "REDIS_URL" in s.get("environment", {})}
+    assert LONG_RUNNING | set(_region_workers(rendered)) <= set(clients)
+    for name, service in clients.items():
+        env = service["environment"]
+        assert env["REDIS_URL"].startswith("rediss://routewatch:"), name
+        assert env["REDIS_URL"].endswith("@redis:6380/0"), name
+        # The CA alone, read-only: never the broker's key.
+        assert _mounts(service)[str(Path(env["REDIS_CA_FILE"]).parent)] == ("brokerca", "ro")
+
+
+def test_the_broker_certificates_name_its_hosts_and_chain_to_the_ca(tmp_path: Path) -> None:
+    """What the broker-certs service runs, on the image's Python: run twice, it keeps the CA
+    (clients keep verifying) and makes the broker's certificate again only for a new name."""
+    from cryptography import x509
+
+    def run(*hosts: str) -> None:
+        argv = [sys.executable, "-m", "monitor.broker_tls", str(tmp_path / "tls"),
+                "--ca-copy", str(tmp_path / "ca"), "--key-mode", "644",
+                "--host", ",".join(hosts)]  # fmt: skip
+        env = {"PATH": os.environ["PATH"]}  # no Django settings needed
+        done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+
+    run("redis", "localhost", "")
+    ca = (tmp_path / "ca" / "ca.pem").read_bytes()
+    first = (tmp_path / "tls" / "broker.pem").read_bytes()
+    run("redis", "localhost")
+    assert (tmp_path / "tls" / "broker.pem").read_bytes() == first
+    run("redis", "localhost", "broker.example.com", "203.0.113.7")
+    assert (tmp_path / "ca" / "ca.pem").read_bytes() == ca
+    cert = x509.load_pem_x509_certificate((tmp_path / "tls" / "broker.pem").read_bytes())
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == ["redis", "localhost", "broker.example.com"]
+    assert [str(a) for a in names.get_values_for_type(x509.IPAddress)] == ["203.0.113.7"]
+    cert.verify_directly_issued_by(x509.load_pem_x509_certificate(ca))
+    assert (tmp_path / "tls" / "ca-key.pem").stat().st_mode & 0o077 == 0
+    assert not (tmp_path / "ca" / "ca-key.pem").exists()
 
 
 def test_the_image_leaves_local_secrets_and_data_out() -> None:

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import threading
 import time
+from collections.abc import Iterator
 
-from devstack.netem import DelayProxy
+import pytest
+
+from devstack.netem import DelayProxy, Link
 
 
 async def _echo_server() -> tuple[asyncio.Server, int]:
@@ -46,3 +52,71 @@ def test_each_round_trip_takes_the_configured_rtt_and_bytes_stay_in_order() -> N
     assert all(rtt >= 80 for rtt in rtts), rtts
     assert sorted(rtts)[2] < 160, rtts  # the median exchange is not delayed twice
     assert echoed, "bytes came back altered or out of order"
+
+
+@pytest.fixture
+def echo_port() -> Iterator[int]:
+    """A blocking echo server on loopback, in a thread (its port)."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+
+            def echo(c: socket.socket = conn) -> None:
+                with c, contextlib.suppress(ConnectionError):  # the proxy's resets
+                    while data := c.recv(65536):
+                        c.sendall(data)
+
+            threading.Thread(target=echo, daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield int(server.getsockname()[1])
+    server.close()
+
+
+def _client(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.settimeout(0.5)
+    return sock
+
+
+def test_a_cut_path_passes_nothing_either_way_until_restored_then_everything_in_order(
+    echo_port: int,
+) -> None:
+    with Link(("127.0.0.1", 0), ("127.0.0.1", echo_port), rtt_ms=20) as link:
+        before = _client(link.port)
+        before.sendall(b"one")
+        assert before.recv(16) == b"one"
+        link.cut()
+        before.sendall(b"two")
+        late = _client(link.port)  # the kernel accepts it; nothing answers
+        late.sendall(b"three")
+        for sock in (before, late):
+            with pytest.raises(TimeoutError):
+                sock.recv(16)
+        link.restore()
+        before.settimeout(5)
+        late.settimeout(5)
+        assert before.recv(16) == b"two"
+        assert late.recv(16) == b"three"
+
+
+def test_a_reset_sends_an_rst_to_every_open_connection(echo_port: int) -> None:
+    with Link(("127.0.0.1", 0), ("127.0.0.1", echo_port), rtt_ms=20) as link:
+        socks = [_client(link.port) for _ in range(2)]
+        for sock in socks:
+            sock.sendall(b"x")
+            assert sock.recv(16) == b"x"
+        assert link.reset() == 2
+        for sock in socks:
+            sock.settimeout(5)
+            with pytest.raises(ConnectionResetError):
+                sock.recv(16)
+        again = _client(link.port)  # new connections pass again at once
+        again.sendall(b"y")
+        again.settimeout(5)
+        assert again.recv(16) == b"y"

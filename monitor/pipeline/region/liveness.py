@@ -55,6 +55,7 @@ class Beacon(TypedDict):
     version: NotRequired[str]  # the worker's Routewatch version
     clock_offset_s: NotRequired[float | None]  # central (the broker's) clock minus the worker's
     clock_ok: NotRequired[bool]  # within RW_CLOCK_TOLERANCE_SECONDS (or not measured yet)
+    clock_tolerance_s: NotRequired[int]  # its RW_CLOCK_TOLERANCE_SECONDS
     spooled: NotRequired[int]  # result messages waiting in its spool for the broker
     last_consumed_at: NotRequired[float | None]  # when it last took a message (central clock)
     consuming: NotRequired[bool]  # False: messages wait, threads are free, it takes none
@@ -79,10 +80,15 @@ class Consumer:
     reachable_since: float | None = None
     last_consumed: float | None = None
     last_consumed_at: float | None = None  # central time, for the beacon
+    consumer_started: float | None = None  # Celery's consumer last (re)started consuming
 
     def consumed(self, central_now: float) -> None:
         self.last_consumed = time.monotonic()
         self.last_consumed_at = central_now
+
+    def restarted(self) -> None:
+        """Celery's consumer (re)started consuming: at start, after a reconnection."""
+        self.consumer_started = time.monotonic()
 
     def reached(self, ok: bool) -> None:
         """The beacon's last exchange with the broker succeeded (or not)."""
@@ -94,10 +100,17 @@ class Consumer:
     def stalled(self, waiting: int, free_threads: int, stall_s: float) -> float | None:
         """Seconds it has taken nothing although it could, when past `stall_s`; else None.
         The clock starts at the latest of: its start, the broker answering again after an
-        outage (kombu needs a moment to reconnect), its last message."""
+        outage (kombu needs a moment to reconnect), Celery's consumer (re)starting after a
+        reconnection (the broker may have answered the beacon all along: a reset connection),
+        its last message."""
         if waiting <= 0 or free_threads <= 0 or self.reachable_since is None:
             return None
-        since = max(self.started, self.reachable_since, self.last_consumed or 0.0)
+        since = max(
+            self.started,
+            self.reachable_since,
+            self.consumer_started or 0.0,
+            self.last_consumed or 0.0,
+        )
         idle = time.monotonic() - since
         return idle if idle > stall_s else None
 

