@@ -511,13 +511,45 @@ class RegionAdmin(admin.ModelAdmin[Region]):
         return super().changeform_view(request, object_id, form_url, extra_context)
 
 
-class EvalCaseInline(admin.TabularInline[EvalCase, Task]):
+class SchemaField(forms.JSONField):
+    """A JSON field whose empty value shows empty: Django's JSONField renders a missing schema
+    as the text `null`, which reads as a value (and saves as one if left there)."""
+
+    def prepare_value(self, value: Any) -> Any:
+        return "" if value is None else super().prepare_value(value)
+
+
+class EvalCaseForm(forms.ModelForm[EvalCase]):
+    json_schema = SchemaField(
+        required=False,
+        label="JSON schema",
+        help_text="For the JSON schema grader; leave empty otherwise.",
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+    )
+
+    class Meta:
+        model = EvalCase
+        fields = ["name", "input", "grader", "expected", "tolerance", "json_schema", "is_active"]
+        widgets = {
+            "input": forms.Textarea(attrs={"rows": 3, "cols": 60}),
+            "expected": forms.Textarea(attrs={"rows": 2, "cols": 60}),
+        }
+
+
+class EvalCaseInline(admin.StackedInline[EvalCase, Task]):
+    """Stacked, not tabular: each case's fields under one another, each with its own label
+    (the table layout had unlabelled fields and made the task form 2,799 px wide)."""
+
     model = EvalCase
+    form = EvalCaseForm
     extra = 0
-    fields = ["name", "input", "grader", "expected", "tolerance", "json_schema", "is_active"]
+    fieldsets = [
+        (None, {"fields": [("name", "grader", "is_active"), "input", "expected"]}),
+        ("Grader settings", {"fields": ["tolerance", "json_schema"]}),
+    ]
 
 
-class ScenarioStepInline(admin.TabularInline[ScenarioStep, Task]):
+class ScenarioStepInline(admin.StackedInline[ScenarioStep, Task]):
     """A task with steps is a scenario: each slot runs them all on the route, in order, then
     validates the final answer with the eval case (the presets are actions on the task list)."""
 
@@ -525,14 +557,10 @@ class ScenarioStepInline(admin.TabularInline[ScenarioStep, Task]):
     extra = 0
     verbose_name = "scenario step"
     fields = [
-        "order",
-        "kind",
-        "fan_out",
+        ("order", "kind", "fan_out"),
         "prompt_template",
-        "input_tokens",
-        "max_tokens",
+        ("input_tokens", "max_tokens", "timeout_s"),
         "carry_context",
-        "timeout_s",
     ]
 
 
@@ -555,6 +583,18 @@ def _multi(choices: list[tuple[str, str]], label: str) -> forms.TypedMultipleCho
 
 
 class TaskForm(forms.ModelForm[Task]):
+    # Candidate routes and regions as labelled checkboxes: the admin's two-box filter widget
+    # puts aria-label on elements that may not carry one (axe-core: aria-prohibited-attr).
+    routes = forms.ModelMultipleChoiceField(
+        queryset=Route.objects.select_related("provider").order_by("provider__name", "model_id"),
+        widget=forms.CheckboxSelectMultiple,
+        required=False,
+    )
+    regions = forms.ModelMultipleChoiceField(
+        queryset=Region.objects.order_by("name"),
+        widget=forms.CheckboxSelectMultiple,
+        required=False,
+    )
     http_versions = _multi(HTTP_VERSIONS, "HTTP versions")
     body_encodings = _multi(BODY_ENCODINGS, "Body encodings")
     connection_modes = _multi(CONNECTION_MODES, "Connections")
@@ -582,7 +622,6 @@ class TaskAdmin(admin.ModelAdmin[Task]):
     ]
     list_filter = ["latency_class", "is_active", "regions"]
     search_fields = ["name", "slug", "description"]
-    filter_horizontal = ["routes", "regions"]
     prepopulated_fields = {"slug": ["name"]}
     fieldsets = [
         (None, {"fields": ["name", "slug", "description", "is_active"]}),
