@@ -283,7 +283,6 @@ class TaskAdmin(admin.ModelAdmin[Task]):
     ]
     list_filter = ["latency_class", "is_active", "regions"]
     search_fields = ["name", "slug", "description"]
-    filter_horizontal = ["routes", "regions"]
     prepopulated_fields = {"slug": ["name"]}
     fieldsets = [
         (None, {"fields": ["name", "slug", "description", "is_active"]}),

@@ -24,6 +24,7 @@ from monitor.models import (
     PREFIX_MODES,
     WIRE_BEDROCK,
     Provider,
+    Region,
     RegionKey,
     Route,
     Task,
@@ -321,6 +322,18 @@ def _multi(choices: list[tuple[str, str]], label: str) -> forms.TypedMultipleCho
 
 
 class TaskForm(forms.ModelForm[Task]):
+    # Candidate routes and regions as labelled checkboxes: the admin's two-box filter widget
+    # puts aria-label on elements that may not carry one (axe-core: aria-prohibited-attr).
+    routes = forms.ModelMultipleChoiceField(
+        queryset=Route.objects.select_related("provider").order_by("provider__name", "model_id"),
+        widget=forms.CheckboxSelectMultiple,
+        required=False,
+    )
+    regions = forms.ModelMultipleChoiceField(
+        queryset=Region.objects.order_by("name"),
+        widget=forms.CheckboxSelectMultiple,
+        required=False,
+    )
     http_versions = _multi(HTTP_VERSIONS, "HTTP versions")
     body_encodings = _multi(BODY_ENCODINGS, "Body encodings")
     connection_modes = _multi(CONNECTION_MODES, "Connections")

@@ -96,11 +96,14 @@ def wait_until(condition: Callable[[], bool], timeout_s: float, interval_s: floa
 SERIES_METRICS = ("ttft_ms", "e2e_ms", "tps", "ttfat_ms")
 
 
-def unfold_series(packed: dict[str, Any] | str) -> dict[str, Any]:
+def unfold_series(packed: dict[str, Any] | str, *, with_tails: bool = True) -> dict[str, Any]:
     """A route chart's packed data (monitor.pages.route.series) as static/js/app.js unfolds
     it: {"labels": [...], "ttft_ms": {"p50": [...], ...}, ...}. Written here again on purpose,
-    as the tests' own reading of the format."""
+    as the tests' own reading of the format. A tail drawn over several buckets ("tails")
+    replaces that quantile's one-bucket figures; `with_tails=False` reads the buckets' own
+    figures only (the hour strips)."""
     data = json.loads(packed) if isinstance(packed, str) else packed
+    tails = (data.get("tails") or {}) if with_tails else {}
     flat = [point for chunk in data["chunks"] for point in chunk]
     points = flat[data["skip"] : data["skip"] + data["count"]]
     step = timedelta(days=1) if data["step"] == "day" else timedelta(hours=1)
@@ -113,5 +116,8 @@ def unfold_series(packed: dict[str, Any] | str) -> dict[str, Any]:
         for mi, m in enumerate(SERIES_METRICS):
             for qi, q in enumerate(("p50", "p95", "p99")):
                 at_i = mi * 3 + qi  # points stored before ttfat was charted end after tps
-                out[m][q].append(point[at_i] if point and at_i < len(point) else None)
+                value = point[at_i] if point and at_i < len(point) else None
+                if q in tails and mi < 4:  # a tail point is [ttft, e2e, tps, ttfat]
+                    value = tails[q]["points"][i][mi] if tails[q]["points"][i] else None
+                out[m][q].append(value)
     return out

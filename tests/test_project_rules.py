@@ -233,6 +233,10 @@ def test_templates_load_nothing_from_a_cdn() -> None:
     assert offenders == []
     assert (ROOT / "static/vendor/htmx-2.0.11/htmx.min.js").stat().st_size > 10_000
     assert (ROOT / "static/vendor/chartjs-4.6.1/chart.umd.min.js").stat().st_size > 100_000
+    swagger = ROOT / "static/vendor/swagger-ui-dist-5.35.0"
+    assert (swagger / "swagger-ui-bundle.js").stat().st_size > 1_000_000
+    # Its stylesheet fetches nothing from elsewhere (fonts and images are data: URLs).
+    assert not re.search(r"url\((?!['\"]?data:)|@import", (swagger / "swagger-ui.css").read_text())
 
 
 def test_the_compose_file_is_valid(tmp_path) -> None:

@@ -11,4 +11,5 @@ urlpatterns = [
     path("tasks/<slug:slug>/route", views.task_route, name="rw-api-task-route"),
     path("routes/", views.route_list, name="rw-api-routes"),
     path("openapi.json", views.openapi_description, name="rw-api-openapi"),
+    path("docs", views.docs, name="rw-api-docs"),
 ]

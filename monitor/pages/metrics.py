@@ -10,7 +10,7 @@ the current hour included), so a sum over all daily rows is complete and only ev
 late result adds to an older day, and retention (monitor.pipeline.ingest.delete_old_results)
 deletes raw results but never rollups. A series goes away, rather than going down, when its
 task, route or region is deleted (the rollups go with it). Should rollups ever be pruned, these
-counters would need a cumulative table of their own; tests/dashboard/test_metrics.py fails if
+counters would need a cumulative table of their own; tests/monitor/pages/test_metrics.py fails if
 retention touches them.
 
 Latency histograms are the same all-time rollups: the rollups' log buckets (5% wide,

@@ -79,6 +79,13 @@ class Matrix:
     def has_data(self) -> bool:
         return any(c.probes for r in self.rows for c in r.cells)
 
+    @property
+    def has_values(self) -> bool:
+        """Some cell shows a figure, not "too few" (its probes are enough for the metric)."""
+        if self.unit in ("ms", "tps"):
+            return any(c.value is not None for r in self.rows for c in r.cells)
+        return any(c.attempts for r in self.rows for c in r.cells)
+
 
 def build(task: Task, metric: str, window: Range, now: datetime) -> Matrix:
     metric = metric if metric in METRICS else DEFAULT_METRIC

@@ -11,6 +11,7 @@ and the median probe (the one of the last 24 hours nearest the rollups' median).
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from collections import defaultdict
@@ -35,6 +36,7 @@ from monitor.models import (
     Route,
     Task,
 )
+from monitor.pages import tails
 from monitor.pages.common import Range
 from monitor.pages.server_time import ServerShare, server_time
 from monitor.stats import hist, rollups
@@ -181,6 +183,7 @@ class RoutePage:
     server_time: list[ServerShare] = field(default_factory=list)  # per region, where reported
     not_sent: list[str] = field(default_factory=list)
     now: datetime | None = None
+    point_note: str = ""  # what a chart point is (monitor.pages.tails.describe)
 
     @property
     def has_data(self) -> bool:
@@ -204,7 +207,12 @@ class RoutePage:
 # (SERIES_METRICS; hours stored before migration 0013 end after tps), null where too few
 # samples. An hourly chart joins one HourStrip per day (31 rows for a month,
 # the text of each already JSON); a daily one writes one point per daily rollup row. Either
-# way PostgreSQL hands back one string and Python parses no number.
+# way PostgreSQL hands back one string and Python parses no number. Beside them:
+#   "counts": [successful probes of each point's bucket, ...] (the sample count on hover) and
+#   "tails": {"p95" | "p99": {"width": buckets, "points": [[ttft, e2e, tps, ttfat] | null],
+#             "samples": [...]}}: a tail drawn over `width` buckets ending with each point,
+#   which replaces that quantile's one-bucket figures (monitor.pages.tails); absent when one
+#   bucket holds enough samples.
 SERIES_METRICS = ("ttft_ms", "e2e_ms", "tps", "ttfat_ms")
 _EMPTY_STRIP = "[" + ", ".join(["null"] * 24) + "]"
 _REGION = {True: "IS NULL", False: "= %(region)s"}
@@ -231,7 +239,16 @@ _JSON_ESCAPES = str.maketrans({"<": "\\u003C", ">": "\\u003E", "&": "\\u0026"})
 def series(
     route: Route, task: Task, region: Region | None, window: Range, now: datetime
 ) -> SafeString:
-    """The route's percentiles over the window, one point per window.series_grain."""
+    """The chart data alone (series_with_note)."""
+    return series_with_note(route, task, region, window, now)[0]
+
+
+def series_with_note(
+    route: Route, task: Task, region: Region | None, window: Range, now: datetime
+) -> tuple[SafeString, str]:
+    """The route's percentiles over the window, one point per window.series_grain: p50 of
+    the point's own bucket, p95 and p99 over as many buckets ending with it as their samples
+    need (monitor.pages.tails)."""
     grain = window.series_grain
     first = rollups.bucket_start(window.since(now), grain)
     last = rollups.bucket_start(now, grain)
@@ -249,12 +266,19 @@ def series(
     with connection.cursor() as cursor:
         cursor.execute(sql.replace("{region}", _REGION[region is None]), params)
         chunks = cursor.fetchone()[0]  # never NULL: there is always at least one day
+    count = (last - first) // step + 1
+    # Each point's sample count, and p95 / p99 over wider trailing windows where a bucket
+    # holds too few samples for them (monitor.pages.tails).
+    counts, found = tails.tails(task, route, region, grain, first, count, window.length)
+    extra = tails.packed(counts, found)
     text = (
         f'{{"start": "{first:%Y-%m-%dT%H:%M:%SZ}", "step": "{grain}",'
-        f' "skip": {(first - day) // step}, "count": {(last - first) // step + 1},'
-        f' "chunks": [{chunks}]}}'
+        f' "skip": {(first - day) // step}, "count": {count},'
+        f' "chunks": [{chunks}], "counts": {json.dumps(extra["counts"])},'
+        f' "tails": {json.dumps(extra["tails"])}}}'
     )
-    return mark_safe(text.translate(_JSON_ESCAPES))  # noqa: S308 - escaped as json_script does
+    chart = mark_safe(text.translate(_JSON_ESCAPES))  # noqa: S308 - escaped as json_script does
+    return chart, tails.describe(grain, found)
 
 
 def median_probe(
@@ -732,6 +756,7 @@ def build(
     # the window.
     day = selected if window.length == RAW_WINDOW else stats_24h(route, task, region, now)
     probe = median_probe(rows, day, regions, now)
+    chart, point_note = series_with_note(route, task, region, window, now)
     return RoutePage(
         route=route,
         tasks=tasks,
@@ -739,7 +764,8 @@ def build(
         regions=regions,
         region=region,
         range=window,
-        series=series(route, task, region, window, now),
+        series=chart,
+        point_note=point_note,
         summaries=summaries,
         selected=selected,
         error_kinds=kinds,

@@ -186,10 +186,19 @@ def regions(request: HtmxHttpRequest) -> HttpResponse:
     window = parse_range(request.GET, not_before=hidden_before(request))
     metric = request.GET.get("metric") or pages_regions.DEFAULT_METRIC
     now = timezone.now()
+    matrix = pages_regions.build(task, metric, window, now) if task else None
+    if matrix is not None and not matrix.has_values and not request.GET.get("task"):
+        # Opened without a task: the first task that has figures to show, not one whose
+        # every cell reads "too few" (read only when the first one has none).
+        for other in tasks[1:]:
+            candidate = pages_regions.build(other, metric, window, now)
+            if candidate.has_values:
+                task, matrix = other, candidate
+                break
     ctx = {
         "tasks": tasks,
         "task": task,
-        "matrix": pages_regions.build(task, metric, window, now) if task else None,
+        "matrix": matrix,
         "metrics": pages_regions.METRICS.items(),
         "ranges": RANGES.values(),
         "cap_notices": _cap_notices([task] if task else [], now),

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from html import escape
+from functools import cache
 from typing import Any
 from urllib.parse import urlencode
 
 from django import template
 from django.contrib.humanize.templatetags.humanize import intcomma
 from django.template.defaultfilters import date, truncatechars
+from django.template.loader import get_template
 from django.urls import reverse
 from django.utils.formats import localize
 from django.utils.html import format_html, format_html_join
-from django.utils.safestring import SafeString, mark_safe
+from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 from django.utils.timezone import localtime
 
@@ -21,7 +22,7 @@ from monitor.models import BUDGET_STATUSES, OUTCOME_OK, STATUS_UNKNOWN, ProbeRes
 from monitor.pages.common import DemoHistory, demo_history
 from monitor.pages.regions import Matrix, MatrixRow
 from monitor.pages.task import RouteRow
-from monitor.templatetags.rw import DASH, errors, interval, ms, pct, tps
+from monitor.templatetags.rw import errors, interval, ms, pct, tps
 
 register = template.Library()
 
@@ -102,8 +103,11 @@ def demo_history_banner(context: template.Context) -> dict[str, Any]:
     """The "includes generated demo history" banner, with its show / hide switch; nothing on
     a database without generated history (monitor.demo_history)."""
     request = context.get("request")
+    user = getattr(request, "user", None)
     return {
         "demo": demo_history(request),
+        # The switch is a reader's display choice: nothing to offer before a login.
+        "can_switch": bool(user is not None and user.is_authenticated),
         "next": request.get_full_path() if request is not None else "/",
         "csrf_token": context.get("csrf_token"),
     }
@@ -115,14 +119,19 @@ def generated_history() -> DemoHistory | None:
     return demo_history(None)
 
 
+@cache
+def _row_template(name: str) -> Any:
+    """A row template, compiled once per process (the pages render up to hundreds of rows;
+    the values are formatted in Python first, so the template only places them)."""
+    return get_template(f"front/rows/{name}.html")
+
+
 @register.simple_tag
 def matrix_cells(row: MatrixRow, matrix: Matrix) -> SafeString:
-    """A regions-matrix row's cells. In Python, not the template language, and escaped with
-    the standard library's html.escape (what Django's escape does, without its lazy-string
-    checks): the matrix is up to routes x regions cells (180 for 30 routes in 6 regions),
-    which in the template made rendering half of the page's time."""
+    """A regions-matrix row's cells (up to routes x regions of them: 180 for 30 routes in 6
+    regions), from front/rows/matrix_cells.html."""
     unit = matrix.unit
-    out = []
+    cells = []
     for c in row.cells:
         if unit == "ms":
             shown = ms_or_few(c.value)
@@ -130,138 +139,93 @@ def matrix_cells(row: MatrixRow, matrix: Matrix) -> SafeString:
             shown = tps_or_few(c.value)
         else:
             shown = errors(c.errors, c.attempts)
-        out.append(
-            f'<td class="num cell-{escape(c.status)}{" winner" if c.winner else ""}" '
-            f'data-region="{escape(c.region.slug)}">'
+        reason = c.reason if c.reason and c.probes else ""
+        cells.append(
+            {
+                "status": c.status,
+                "winner": c.winner,
+                "region_slug": c.region.slug,
+                "region_name": c.region.name,
+                "shown": shown,
+                "reason": reason,
+                "short": reason if len(reason) <= 60 else Truncator(reason).chars(60),
+                "stale": c.stale and c.probes,
+            }
         )
-        if c.winner:
-            out.append(
-                f'<span class="star" title="fastest qualifying route in {escape(c.region.name)}"'
-                ">★</span> "
-            )
-        out.append(escape(shown))
-        if c.reason and c.probes:
-            short = c.reason if len(c.reason) <= 60 else Truncator(c.reason).chars(60)
-            out.append(f' <small class="why" title="{escape(c.reason)}">{escape(short)}</small>')
-        if c.stale and c.probes:
-            out.append(' <span class="badge stale">stale</span>')
-        out.append("</td>")
-    return mark_safe("".join(out))  # noqa: S308 (every value in it went through escape)
+    return SafeString(_row_template("matrix_cells").render({"cells": cells}))
 
 
 @register.simple_tag
 def ranked_row(row: RouteRow, task: Task, region: Region | None) -> SafeString:
-    """One route's row of the task page's ranked table, in Python for the reason
-    matrix_cells is (up to one row of 13 cells per candidate route)."""
+    """One route's row of the task page's ranked table (one row of 9 cells per candidate
+    route), from front/rows/ranked_row.html. Secondary figures (p95 under p50, the quality
+    index under the pass rate, the probe count under the errors) fold into their cell, so the
+    table fits a laptop."""
     c = row.candidate
-    where = f"?task={escape(task.slug)}" + (
-        f"&amp;region={escape(region.slug)}" if region is not None else ""
-    )
-    href = reverse("rw-route", args=[row.route.pk]) + where
-    classes = ("" if c.qualifies else "dimmed") + (" winner" if row.is_winner else "")
-    out = [f'<tr class="{classes}" data-route="{row.route.pk}">', f"<td>{row.rank}</td>"]
-    out.append(
-        '<td class="route">'
-        + ('<span class="star" title="fastest qualifying route">★</span> ' if row.is_winner else "")
-        + f'<a href="{href}">{escape(str(row.route))}</a>'
-        + (' <span class="tag">simulated</span>' if row.route.provider.is_simulated else "")
-        + "</td>"
-    )
-    out.append(
-        f'<td class="num">{escape(ms(c.metric_ms))} '
-        f'<small class="ci">{escape(interval(c.metric.low, c.metric.high))}</small></td>'
-    )
-    out.append(f'<td class="num">{escape(ms(row.ttft_p50_ms))}</td>')
-    out.append(
-        f'<td class="num {escape(row.ttft_status)}">{escape(ms_or_few(row.ttft_p95_ms))}</td>'
-    )
-    out.append(f'<td class="num">{escape(tps(row.tps_p50))}</td>')
-    out.append(f'<td class="num">{escape(ms(row.e2e_p50_ms))}</td>')
-    out.append(f'<td class="num {escape(row.e2e_status)}">{escape(ms_or_few(row.e2e_p95_ms))}</td>')
-    if c.pass_rate:
-        rate = c.pass_rate
-        shown = f'{escape(pct(rate.point))} <small class="ci">'
-        shown += f"{escape(interval(rate.low, rate.high, 'pct'))}</small>"
-    else:
-        shown = DASH
-    out.append(f'<td class="num">{shown}</td>')
+    query = {"task": task.slug} | ({"region": region.slug} if region is not None else {})
     index = row.route.quality_index
-    out.append(f'<td class="num">{DASH if index is None else escape(localize(index))}</td>')
-    # Availability with its interval, as the overview shows it; our missed slots apart.
-    shown = escape(errors(c.errors.k, c.errors.n))
-    if c.errors.n:
-        shown += (
-            f' <small class="ci" data-errors-interval title="Out only when the whole 95% interval'
-            f' is above the {escape(pct(task.error_ceiling()))} ceiling">'
-            f"{escape(interval(c.errors.low, c.errors.high, 'pct'))}</small>"
-        )
+    rate = c.pass_rate
     missed = row.stats.count_missed if row.stats is not None else 0
-    if missed:
-        shown += (
-            '<br><small class="muted" data-missed title="Slots our workers missed: ours, never'
-            f" the route's errors\">{escape(intcomma(missed))} missed by us</small>"
-        )
-    out.append(f'<td class="num" data-metric="errors">{shown}</td>')
-    out.append(f'<td class="num">{escape(intcomma(row.probes))}</td>')
-    status = '<span class="badge stale">stale</span> ' if row.stale else ""
-    if c.qualifies:
-        status += '<span class="badge ok">qualifies</span>'
-        if c.tied:
-            status += ' <span class="badge tied">tied within noise</span>'
-    else:
-        detail = f": {escape(c.detail)}" if c.detail else ""
-        status += (
-            f'<span class="muted" title="{escape(c.detail)}">{escape(c.reason)}{detail}</span>'
-        )
-    out.append(f"<td>{status}</td></tr>")
-    return mark_safe("".join(out))  # noqa: S308 (every value in it went through escape)
-
-
-_GENERATED_TAG = (
-    ' <small class="tag generated" title="Generated demo history: drawn from the simulator\'s '
-    'profiles, not measured">generated</small>'
-)
+    values = {
+        "classes": ("" if c.qualifies else "dimmed") + (" winner" if row.is_winner else ""),
+        "route_id": row.route.pk,
+        "rank": row.rank,
+        "is_winner": row.is_winner,
+        "href": reverse("rw-route", args=[row.route.pk]) + "?" + urlencode(query),
+        "route": str(row.route),
+        "simulated": row.route.provider.is_simulated,
+        "metric": ms(c.metric_ms),
+        "metric_ci": interval(c.metric.low, c.metric.high),
+        "ttft_p50": ms(row.ttft_p50_ms),
+        "ttft_p95": ms_or_few(row.ttft_p95_ms),
+        "ttft_status": row.ttft_status,
+        "tps_p50": tps(row.tps_p50),
+        "e2e_p50": ms(row.e2e_p50_ms),
+        "e2e_p95": ms_or_few(row.e2e_p95_ms),
+        "e2e_status": row.e2e_status,
+        "pass_rate": pct(rate.point) if rate else "",
+        "pass_ci": interval(rate.low, rate.high, "pct") if rate else "",
+        "quality_index": "" if index is None else localize(index),
+        "errors": errors(c.errors.k, c.errors.n),
+        "errors_ci": interval(c.errors.low, c.errors.high, "pct") if c.errors.n else "",
+        "ceiling": pct(task.error_ceiling()),
+        "probes": intcomma(row.probes),
+        "missed": intcomma(missed) if missed else "",
+        "stale": row.stale,
+        "qualifies": c.qualifies,
+        "tied": c.tied,
+        "reason": c.reason,
+        "detail": c.detail or "",
+    }
+    return SafeString(_row_template("ranked_row").render(values))
 
 
 @register.simple_tag
 def log_row(r: ProbeResult) -> SafeString:
-    """One result's row of the probe log, in Python for the reason matrix_cells is (50 rows
-    of 12 cells a page). Its task, route and region are already read (monitor.pages.log)."""
+    """One result's row of the probe log (50 rows a page), from front/rows/log_row.html. Its
+    task, route and region are already read (monitor.pages.log)."""
     at = localtime(r.started_at)
-    out = [
-        f'<tr class="outcome-{escape(r.outcome)}" data-result="{r.pk}">',
-        f'<td><time datetime="{escape(date(at, "c"))}">{escape(date(at, "m-d H:i:s"))}</time>',
-        _GENERATED_TAG if r.generated else "",
-        "</td><td>",
-    ]
-    if r.task is not None:
-        task_href = reverse("rw-task", args=[r.task.slug])
-        out.append(f'<a href="{escape(task_href)}">{escape(r.task.name)}</a>')
-    else:
-        out.append('<span class="muted">ad hoc</span>')
-    route_href = reverse("rw-route", args=[r.route.pk])
-    out.append(f'</td><td><a href="{route_href}">{escape(str(r.route))}</a></td>')
-    out.append(f"<td>{escape(r.region.name)}</td><td>")
-    if r.outcome == OUTCOME_OK:
-        out.append('<span class="badge ok">ok</span>')
-    else:
-        out.append(f'<span class="badge over">{escape(r.error_kind or r.outcome)}</span>')
-    if r.quality_pass is True:
-        out.append(' <span class="tag">pass</span>')
-    elif r.quality_pass is False:
-        out.append(' <span class="tag over">fail</span>')
-    out.append(f'</td><td class="num">{escape(ms(r.ttft_ms))}</td>')
-    out.append(f'<td class="num">{escape(ms(r.e2e_ms))}</td>')
-    out.append(f'<td class="num">{escape(tps(r.tps))}</td>')
-    out.append(f'<td class="num">{escape(thousands(r.output_tokens))}</td>')
-    if r.cached_tokens is None:
-        out.append('<td class="num"><span class="muted" title="not reported">n/r</span></td>')
-    else:
-        out.append(f'<td class="num">{escape(thousands(r.cached_tokens))}</td>')
-    out.append(f'<td>{escape(str(r.http_version))}</td><td class="answer" hx-disable>')
-    if r.error_detail:
-        out.append(f'<span class="error">{escape(truncatechars(r.error_detail, 160))}</span>')
-    else:
-        out.append(escape(truncatechars(r.text, 160)))
-    out.append("</td></tr>")
-    return mark_safe("".join(out))  # noqa: S308 (every value in it went through escape)
+    values = {
+        "outcome": r.outcome,
+        "pk": r.pk,
+        "at_iso": date(at, "c"),
+        "at": date(at, "m-d H:i:s"),
+        "generated": r.generated,
+        "task_href": reverse("rw-task", args=[r.task.slug]) if r.task is not None else "",
+        "task_name": r.task.name if r.task is not None else "",
+        "route_href": reverse("rw-route", args=[r.route.pk]),
+        "route": str(r.route),
+        "region": r.region.name,
+        "ok": r.outcome == OUTCOME_OK,
+        "error_kind": r.error_kind or r.outcome,
+        "quality_pass": r.quality_pass,
+        "ttft": ms(r.ttft_ms),
+        "e2e": ms(r.e2e_ms),
+        "tps": tps(r.tps),
+        "output_tokens": thousands(r.output_tokens),
+        "cached": None if r.cached_tokens is None else thousands(r.cached_tokens),
+        "http_version": str(r.http_version),
+        "error_detail": truncatechars(r.error_detail, 160) if r.error_detail else "",
+        "text": truncatechars(r.text, 160),
+    }
+    return SafeString(_row_template("log_row").render(values))

@@ -58,11 +58,16 @@
 
   function pad2(n) { return (n < 10 ? "0" : "") + n; }
 
+  // A tail quantile drawn over several buckets (data.tails, monitor/pages/tails.py) replaces
+  // that quantile's one-bucket figures; its points are [ttft, e2e, tps, ttfat].
+  var TAIL_METRICS = ["ttft_ms", "e2e_ms", "tps", "ttfat_ms"];
+
   function unfoldSeries(data) {
     var points = [].concat.apply([], data.chunks || []).slice(data.skip, data.skip + data.count);
     var step = data.step === "day" ? 86400000 : 3600000;
     var start = data.start ? Date.parse(data.start) : 0;
-    var out = { labels: [] };
+    var tails = data.tails || {};
+    var out = { labels: [], counts: data.counts || [], tails: tails };
     SERIES_METRICS.forEach(function (m) {
       out[m] = {};
       QUANTILES.forEach(function (q) { out[m][q] = []; });
@@ -74,6 +79,8 @@
       SERIES_METRICS.forEach(function (m, mi) {
         QUANTILES.forEach(function (q, qi) {
           var v = point ? point[mi * 3 + qi] : null;
+          var tail = tails[q], ti = TAIL_METRICS.indexOf(m);
+          if (tail && ti >= 0) v = tail.points[i] ? tail.points[i][ti] : null;
           out[m][q].push(v === undefined ? null : v);
         });
       });
@@ -116,8 +123,14 @@
             tooltip: {
               callbacks: {
                 title: function (items) { return items.length ? items[0].label + " UTC" : ""; },
+                // Each line's figure with the samples it rests on: its own bucket's probes,
+                // or a tail's over its trailing window.
                 label: function (ctx) {
-                  return ctx.dataset.label + ": " + (ctx.parsed.y === null ? "too few samples" : unit(ctx.parsed.y));
+                  var q = ctx.dataset.label, tail = data.tails[q], i = ctx.dataIndex;
+                  var n = tail ? tail.samples[i] : data.counts[i];
+                  var over = tail ? " over " + tail.width + (packed.step === "day" ? " days" : " h") : "";
+                  var figure = ctx.parsed.y === null ? "too few samples" : unit(ctx.parsed.y);
+                  return q + ": " + figure + (n === undefined ? "" : " (" + n + " samples" + over + ")");
                 },
               },
             },
@@ -284,6 +297,102 @@
     });
   }
 
+  // Phones show each table row as a card (app.css): each cell gets its column's heading as
+  // data-label (group headings, e.g. "TTFT" over "p95", joined), read once per table.
+  function labelCells(root) {
+    (root || document).querySelectorAll("table.grid").forEach(function (table) {
+      if (!table.tHead || table.dataset.labelled) return;
+      var columns = [], taken = [];
+      Array.prototype.forEach.call(table.tHead.rows, function (row, r) {
+        var col = 0;
+        Array.prototype.forEach.call(row.cells, function (cell) {
+          while (taken[r] && taken[r][col]) col++;
+          var text = cell.textContent.replace(/\s+/g, " ").trim();
+          for (var dr = 0; dr < cell.rowSpan; dr++) {
+            for (var dc = 0; dc < cell.colSpan; dc++) {
+              taken[r + dr] = taken[r + dr] || [];
+              taken[r + dr][col + dc] = true;
+              columns[col + dc] = columns[col + dc] || [];
+              if (dr === 0 && text && columns[col + dc].indexOf(text) < 0) columns[col + dc].push(text);
+            }
+          }
+          col += cell.colSpan;
+        });
+      });
+      Array.prototype.forEach.call(table.tBodies, function (body) {
+        Array.prototype.forEach.call(body.rows, function (row) {
+          var col = 0;
+          Array.prototype.forEach.call(row.cells, function (cell) {
+            var label = (columns[col] || []).join(" ");
+            if (cell.tagName === "TD" && label && cell.colSpan === 1) cell.dataset.label = label;
+            col += cell.colSpan;
+          });
+        });
+      });
+      table.dataset.labelled = "1";
+    });
+  }
+
+  // A table that still scrolls sideways is reachable from the keyboard (a focusable region
+  // named after its card); one that fits is not a tab stop.
+  function reachScrollers() {
+    document.querySelectorAll(".table-wrap").forEach(function (wrap) {
+      var scrolls = wrap.scrollWidth > wrap.clientWidth + 1;
+      if (scrolls && !wrap.hasAttribute("tabindex")) {
+        var heading = wrap.closest(".card, section");
+        heading = heading && heading.querySelector("h2");
+        wrap.setAttribute("tabindex", "0");
+        wrap.setAttribute("role", "region");
+        wrap.setAttribute("aria-label", (heading ? heading.textContent.trim() : "Table") + " (scrolls sideways)");
+        wrap.dataset.madeReachable = "1";
+      } else if (!scrolls && wrap.dataset.madeReachable) {
+        ["tabindex", "role", "aria-label", "data-made-reachable"].forEach(function (a) { wrap.removeAttribute(a); });
+      }
+    });
+  }
+
+  // Focus and scroll position survive a swap (the overview's refresh, a filter click): the
+  // focused element is found again in the new content by its id, its link, or its place.
+  var kept = null;
+  function focusKey(el, target) {
+    if (!el || el === document.body || !target.contains(el)) return null;
+    if (el.id) return { id: el.id };
+    var href = el.getAttribute("href"), name = el.getAttribute("name");
+    var all = Array.prototype.slice.call(target.querySelectorAll("a[href], button, input, select, textarea, [tabindex]"));
+    return { tag: el.tagName, href: href, name: name, index: all.indexOf(el) };
+  }
+  function findAgain(key, target) {
+    if (key.id) return document.getElementById(key.id);
+    var found = null;
+    if (key.href !== null) found = target.querySelector(key.tag.toLowerCase() + '[href="' + CSS.escape(key.href) + '"]');
+    if (!found && key.name) found = target.querySelector(key.tag.toLowerCase() + '[name="' + CSS.escape(key.name) + '"]');
+    if (!found && key.index >= 0) found = target.querySelectorAll("a[href], button, input, select, textarea, [tabindex]")[key.index] || null;
+    return found;
+  }
+  function keepPlace(event) {
+    var target = event.detail.target;
+    kept = { x: window.scrollX, y: window.scrollY, key: focusKey(document.activeElement, target), id: target.id };
+  }
+  function restorePlace(event) {
+    if (!kept) return;
+    var place = kept;
+    kept = null;
+    var target = event.detail.target;
+    if (!document.body.contains(target)) target = place.id ? document.getElementById(place.id) : null;
+    if (place.key && target && (document.activeElement === document.body || !document.activeElement)) {
+      var el = findAgain(place.key, target);
+      if (el) el.focus({ preventScroll: true });
+    }
+    window.scrollTo(place.x, place.y);
+  }
+
+  function settle(root) {
+    drawCharts(root);
+    labelCells(root);
+    reachScrollers();
+  }
+  window.addEventListener("resize", reachScrollers);
+
   // Deferred scripts run in order, so htmx and Chart.js are already here.
   if (window.htmx) {
     // Belt and braces: the same settings are in <meta name="htmx-config">.
@@ -291,8 +400,10 @@
     htmx.config.allowScriptTags = false;
     htmx.config.selfRequestsOnly = true;
     // Runs for the page once htmx is ready, and for every piece of content it swaps in.
-    htmx.onLoad(function (elt) { drawCharts(elt); });
+    htmx.onLoad(function (elt) { settle(elt); });
+    document.addEventListener("htmx:beforeSwap", keepPlace);
+    document.addEventListener("htmx:afterSettle", restorePlace);
   } else {
-    document.addEventListener("DOMContentLoaded", function () { drawCharts(document); });
+    document.addEventListener("DOMContentLoaded", function () { settle(document); });
   }
 })();

@@ -1,5 +1,6 @@
-"""Every URL of the read API needs an active API token; nothing else opens it (not a session,
-not PUBLIC_READONLY_PAGES); it only reads."""
+"""Every call of the read API needs an active API token; nothing else opens it (not a session,
+not PUBLIC_READONLY_PAGES); it only reads. Its description (openapi.json, and the docs page
+that renders it) also opens to a logged-in user's session."""
 
 from __future__ import annotations
 
@@ -83,17 +84,28 @@ def test_it_refuses_a_revoked_token(client: Client, urls: list[str]) -> None:
         _assert_refused(get(client, url, token), "invalid_token")
 
 
-def test_a_session_or_public_pages_never_open_the_api(
+def test_a_session_or_public_pages_never_open_the_api_calls(
     client: Client, urls: list[str], teammate: User, django_user_model: type[User]
 ) -> None:
+    description = reverse("rw-api-openapi")
+    calls = [url for url in urls if url != description]
     with override_settings(PUBLIC_READONLY_PAGES=True):
         for url in urls:
             _assert_refused(get(client, url, None), "token_required")
+        assert client.get(reverse("rw-api-docs")).status_code == 302  # to the login
         admin = django_user_model.objects.create_superuser("root", "r@example.com", "pw-root-1")
         for user in (teammate, admin):
             client.force_login(user)
-            for url in urls:
+            for url in calls:
                 _assert_refused(get(client, url, None), "token_required")
+            # The description, and the page that renders it, open to a logged-in reader.
+            response = get(client, description, None)
+            assert response.status_code == 200
+            assert response.json()["openapi"] == "3.1.0"
+            assert "Cookie" in response["Vary"]
+            docs = client.get(reverse("rw-api-docs"))
+            assert docs.status_code == 200
+            assert "swagger-ui-bundle" in docs.content.decode()
 
 
 def test_it_only_reads(client: Client, urls: list[str]) -> None:

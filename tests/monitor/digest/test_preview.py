@@ -104,3 +104,26 @@ def test_the_html_digest_renders_in_chromium_with_its_figures(
     assert "Regressions past 20%" in visible
     assert width <= 760  # no horizontal scrolling at a phone-ish width
     assert heading_color == "rgb(255, 255, 255)"  # inline styles applied: white on dark
+
+
+def test_a_task_without_probes_is_no_good_news(
+    client: Client, scenario: Scenario, owner: User
+) -> None:
+    quiet = Task.objects.create(name="Classify tickets", slug="classify", user_template="x")
+    quiet.routes.set([scenario.fast])
+    quiet.regions.set([scenario.eu])
+    sub = subscribe(owner)
+    sub.tasks.set([quiet])
+    client.force_login(owner)
+    with time_machine.travel(WEEK_END + timedelta(minutes=10), tick=False):
+        html = client.get(URL).content.decode()
+        text = client.get(URL, {"format": "text"}).content.decode()
+    for body in (html, text):
+        assert "Classify tickets" in body
+        assert "No regressions" not in body
+        assert "No probes this week: nothing to compare, so no verdict on regressions." in body
+    # A task with probes both weeks still says so when nothing regressed.
+    sub.tasks.set([scenario.task])
+    with time_machine.travel(WEEK_END + timedelta(minutes=10), tick=False):
+        text = client.get(URL, {"format": "text"}).content.decode()
+    assert "No probes this week" not in text

@@ -66,7 +66,8 @@ def test_the_task_page_ranks_the_fastest_qualifier_first_and_dims_the_rest(
     metric = {
         int(pk): value
         for pk, value in re.findall(
-            r'data-route="(\d+)">\s*<td>\d+</td>\s*<td class="route">.*?</td>\s*<td class="num">([^<]*)</td>',
+            # The ranking figure, before its interval.
+            r'data-route="(\d+)"><td>\d+</td><td class="route">.*?</td><td class="num">([^<]*?) <small',
             body,
             re.S,
         )

@@ -1,0 +1,118 @@
+"""The route page's charts show the tail at realistic probe rates: a route probed every 5
+minutes in a region has p50, p95 and p99 lines on the 24 h view, each tail point read over
+the narrowest trailing span that holds its samples, with each point's sample count."""
+
+from __future__ import annotations
+
+import html
+import json
+import random
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import time_machine
+from django.contrib.auth.models import User
+from django.test import Client
+
+from monitor.models import GRAIN_HOUR, Region, Rollup, Route, Task
+from monitor.pages import route as pages_route
+from monitor.pages import tails
+from monitor.pages.common import RANGES
+from monitor.pipeline.ingest import results as ingest
+from monitor.stats import hist
+from tests.monitor import factories as f
+from tests.support import unfold_series
+
+T0 = datetime(2026, 11, 2, 0, 0, tzinfo=UTC)
+NOW = T0 + timedelta(hours=23, minutes=59)
+
+
+def test_the_width_is_the_narrowest_that_holds_the_samples_a_tail_needs() -> None:
+    # 12 probes an hour (every 5 minutes): p95 needs 20, p99 100.
+    assert tails.choose_widths([12] * 24, max_width=6) == {95: 2, 99: 6}
+    assert tails.choose_widths([12] * 24, max_width=42) == {95: 2, 99: 9}
+    # The usual rate, not an odd busy hour; buckets without data do not count.
+    assert tails.choose_widths([0, 0, 12, 12, 200, 12], max_width=42) == {95: 2, 99: 9}
+    assert tails.choose_widths([120] * 24, max_width=6) == {95: 1, 99: 1}
+    assert tails.choose_widths([0] * 24, max_width=6) == {95: 1, 99: 1}
+
+
+@pytest.fixture
+def probed(db: None) -> tuple[Task, Route, Region]:
+    p = f.provider()
+    route = f.route(p, "m1")
+    eu = f.region("eu-west")
+    task = f.task("qa", [route], [eu])
+    rng = random.Random(7)
+    payloads = [
+        f.payload(
+            task,
+            route,
+            eu,
+            T0 + timedelta(minutes=5 * i),
+            ttft_ms=rng.lognormvariate(6, 0.5),
+            e2e_ms=rng.lognormvariate(7.5, 0.4),
+            tps=rng.uniform(50, 150),
+        )
+        for i in range(24 * 12)
+    ]
+    ingest.ingest(payloads)
+    return task, route, eu
+
+
+def test_a_route_probed_every_5_minutes_has_p50_p95_and_p99_lines_over_24_h(
+    probed: tuple[Task, Route, Region],
+) -> None:
+    task, route, eu = probed
+    packed = pages_route.series(route, task, eu, RANGES["24h"], NOW)
+    own = unfold_series(packed, with_tails=False)
+    chart = unfold_series(packed)
+    # One hour alone: p50 only (12 samples).
+    assert all(v is None for v in own["ttft_ms"]["p95"])
+    assert sum(v is not None for v in own["ttft_ms"]["p50"]) == 24
+    # With the tails: p95 from the second hour on, p99 once 9 hours hold 100 samples.
+    for metric in ("ttft_ms", "e2e_ms", "tps"):
+        assert chart[metric]["p50"] == own[metric]["p50"]
+        assert sum(v is not None for v in chart[metric]["p95"]) >= 23, metric
+        assert sum(v is not None for v in chart[metric]["p99"]) >= 16, metric
+    data = json.loads(packed)
+    assert data["tails"]["p95"]["width"] == 2
+    assert data["tails"]["p99"]["width"] == 9
+    # Each point's own sample count; a tail's count is its span's.
+    first = datetime.fromisoformat(data["start"])
+    offset = (T0 - first) // timedelta(hours=1)
+    assert data["counts"][offset : offset + 24] == [12] * 24
+    assert data["tails"]["p95"]["samples"][offset + 5] == 24
+    assert data["tails"]["p99"]["samples"][offset + 10] == 108
+    assert chart["ttft_ms"]["p99"][offset + 7] is None  # 96 samples: too few
+    assert chart["ttft_ms"]["p99"][offset + 8] is not None
+    # p95 at an hour is the rollups' p95 over that hour and the one before.
+    hours = {
+        r.bucket_start: r
+        for r in Rollup.objects.filter(grain=GRAIN_HOUR, task=task, route=route, region=eu)
+    }
+    at = T0 + timedelta(hours=5)
+    merged = hist.merge([hours[at].ttft_hist, hours[at - timedelta(hours=1)].ttft_hist])
+    expected = hist.percentile(merged, 95, hist.MS)
+    assert expected is not None
+    assert chart["ttft_ms"]["p95"][offset + 5] == pytest.approx(expected, abs=0.05)
+    # The tail is a tail: above the median where both are drawn.
+    assert all(
+        p99 > p50
+        for p50, p99 in zip(chart["e2e_ms"]["p50"], chart["e2e_ms"]["p99"], strict=True)
+        if p99 is not None
+    )
+
+
+def test_the_route_page_says_what_a_point_is(
+    probed: tuple[Task, Route, Region], client: Client, teammate: User
+) -> None:
+    task, route, eu = probed
+    client.force_login(teammate)
+    with time_machine.travel(NOW, tick=False):
+        page = client.get(f"/routes/{route.pk}/?task={task.slug}&region={eu.slug}")
+    body = html.unescape(page.content.decode())
+    assert (
+        "Each point is one hour: the p50 of that hour's successful probes, and the p95 of the"
+        " 2 h and p99 of the 9 h ending with it"
+    ) in body
