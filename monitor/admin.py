@@ -22,6 +22,7 @@ from django.views.decorators.debug import sensitive_post_parameters
 
 from monitor import scenario_presets
 from monitor.admin_forms import (
+    EvalCaseForm,
     EvalImportForm,
     PriceImportForm,
     ProviderForm,
@@ -229,13 +230,20 @@ class RegionAdmin(admin.ModelAdmin[Region]):
         return super().changeform_view(request, object_id, form_url, extra_context)
 
 
-class EvalCaseInline(admin.TabularInline[EvalCase, Task]):
+class EvalCaseInline(admin.StackedInline[EvalCase, Task]):
+    """Stacked, not tabular: each case's fields under one another, each with its own label
+    (the table layout had unlabelled fields and made the task form 2,799 px wide)."""
+
     model = EvalCase
+    form = EvalCaseForm
     extra = 0
-    fields = ["name", "input", "grader", "expected", "tolerance", "json_schema", "is_active"]
+    fieldsets = [
+        (None, {"fields": [("name", "grader", "is_active"), "input", "expected"]}),
+        ("Grader settings", {"fields": ["tolerance", "json_schema"]}),
+    ]
 
 
-class ScenarioStepInline(admin.TabularInline[ScenarioStep, Task]):
+class ScenarioStepInline(admin.StackedInline[ScenarioStep, Task]):
     """A task with steps is a scenario: each slot runs them all on the route, in order, then
     validates the final answer with the eval case (the presets are actions on the task list)."""
 
@@ -243,14 +251,10 @@ class ScenarioStepInline(admin.TabularInline[ScenarioStep, Task]):
     extra = 0
     verbose_name = "scenario step"
     fields = [
-        "order",
-        "kind",
-        "fan_out",
+        ("order", "kind", "fan_out"),
         "prompt_template",
-        "input_tokens",
-        "max_tokens",
+        ("input_tokens", "max_tokens", "timeout_s"),
         "carry_context",
-        "timeout_s",
     ]
 
 

@@ -23,6 +23,7 @@ from monitor.models import (
     HTTP_VERSIONS,
     PREFIX_MODES,
     WIRE_BEDROCK,
+    EvalCase,
     Provider,
     Region,
     RegionKey,
@@ -319,6 +320,31 @@ def _multi(choices: list[tuple[str, str]], label: str) -> forms.TypedMultipleCho
     return forms.TypedMultipleChoiceField(
         choices=choices, widget=forms.CheckboxSelectMultiple, label=label
     )
+
+
+class SchemaField(forms.JSONField):
+    """A JSON field whose empty value shows empty: Django's JSONField renders a missing schema
+    as the text `null`, which reads as a value (and saves as one if left there)."""
+
+    def prepare_value(self, value: Any) -> Any:
+        return "" if value is None else super().prepare_value(value)
+
+
+class EvalCaseForm(forms.ModelForm[EvalCase]):
+    json_schema = SchemaField(
+        required=False,
+        label="JSON schema",
+        help_text="For the JSON schema grader; leave empty otherwise.",
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+    )
+
+    class Meta:
+        model = EvalCase
+        fields = ["name", "input", "grader", "expected", "tolerance", "json_schema", "is_active"]
+        widgets = {
+            "input": forms.Textarea(attrs={"rows": 3, "cols": 60}),
+            "expected": forms.Textarea(attrs={"rows": 2, "cols": 60}),
+        }
 
 
 class TaskForm(forms.ModelForm[Task]):
