@@ -26,6 +26,13 @@ class MonitorConfig(AppConfig):
     verbose_name = "Routewatch"
     default_auto_field = "django.db.models.BigAutoField"
 
+    def import_models(self) -> None:
+        """The app's models (monitor.models), then the alerts' (monitor.alerts.models, same app
+        label), which build on them: imported here, from the top, so monitor.models never
+        imports a package above it."""
+        super().import_models()
+        import monitor.alerts.models  # noqa: F401
+
     def ready(self) -> None:
         from monitor.answer import board
         from monitor.logfilters import redact_every_handler

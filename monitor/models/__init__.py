@@ -13,7 +13,3 @@ from monitor.models.tasks import _default_body_encodings as _default_body_encodi
 from monitor.models.tasks import _default_connection_modes as _default_connection_modes
 from monitor.models.tasks import _default_http_versions as _default_http_versions
 from monitor.models.tasks import _default_prefix_modes as _default_prefix_modes
-
-# isort: split
-# Last: alert models import the ones above (monitor.alerts: rules, alerts, channels).
-import monitor.alerts.models  # noqa: F401
