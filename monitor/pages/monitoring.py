@@ -247,10 +247,12 @@ def banner(now: datetime, healths: list[RegionHealth] | None = None) -> list[str
 
 def region_verdicts(healths: list[RegionHealth]) -> dict[str, str]:
     """Region slug -> why its cells cannot be read as its providers' figures now: down (no
-    live worker), or its path failed. The overview marks those cells so (never green)."""
+    live worker, where workers have delivered results before: a region whose figures came
+    from elsewhere, an import or this process, has no workers to lose), or its path failed.
+    The overview marks those cells so (never green)."""
     out = {}
     for h in healths:
-        if h.down:
+        if h.down and h.last_result_at is not None:
             out[h.region.slug] = (
                 "its region is down (no live worker): nothing probes from there, "
                 "the providers are not to blame"
