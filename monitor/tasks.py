@@ -341,10 +341,10 @@ def run_probe_batch(batch: dict[str, Any]) -> int:
     (or to the local spool while the broker cannot take them)."""
 
     def run(key_id: str, body: Any) -> int:
-        tickets = [0]
+        last = [0]  # tickets grow: the last one covers every earlier hand-over
 
         def send(results: list[ResultPayload]) -> None:
-            tickets.append(RESULTS_OUTBOX.put(key_id, results))
+            last[0] = RESULTS_OUTBOX.put(key_id, results)
 
         # Results leave as their probes end (worker.run_batch), with every other batch's of
         # this process (the outbox: one message per key every RESULT_FLUSH_SECONDS); the batch
@@ -352,7 +352,7 @@ def run_probe_batch(batch: dict[str, Any]) -> int:
         try:
             return len(worker.run_batch(body, emit=send, every_s=HAND_OVER_SECONDS))
         finally:
-            RESULTS_OUTBOX.wait(max(tickets))
+            RESULTS_OUTBOX.wait(last[0])
 
     done = _open_and_run(batch, signing.KIND_BATCH, "probe batch", run)
     return 0 if done is None else done[1]

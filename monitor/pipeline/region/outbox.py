@@ -79,12 +79,13 @@ class Outbox(Generic[T]):
 
     def _send(self, key: str, items: list[T]) -> None:
         for start in range(0, len(items), MAX_PER_MESSAGE):
+            chunk = items[start : start + MAX_PER_MESSAGE]
             try:
-                self._deliver(key, items[start : start + MAX_PER_MESSAGE])
+                self._deliver(key, chunk)
             except Exception as exc:  # deliver must not raise; if it does, say so and go on
                 log.error(  # the error's type only: its message may quote results
                     "the results outbox could not deliver %d results (%s)",
-                    len(items[start : start + MAX_PER_MESSAGE]),
+                    len(chunk),
                     type(exc).__name__,
                 )
 
