@@ -373,16 +373,22 @@
     var target = event.detail.target;
     kept = { x: window.scrollX, y: window.scrollY, key: focusKey(document.activeElement, target), id: target.id };
   }
-  function restorePlace(event) {
-    if (!kept) return;
+  // Focus comes back as soon as the new content is in (afterSwap: no moment where a screen
+  // reader hears the page's top), the scroll once it has settled (charts drawn, heights final).
+  function restoreFocus(event) {
     var place = kept;
-    kept = null;
+    if (!place || !place.key) return;
     var target = event.detail.target;
     if (!document.body.contains(target)) target = place.id ? document.getElementById(place.id) : null;
-    if (place.key && target && (document.activeElement === document.body || !document.activeElement)) {
+    if (target && (document.activeElement === document.body || !document.activeElement)) {
       var el = findAgain(place.key, target);
       if (el) el.focus({ preventScroll: true });
     }
+  }
+  function restorePlace() {
+    if (!kept) return;
+    var place = kept;
+    kept = null;
     window.scrollTo(place.x, place.y);
   }
 
@@ -402,6 +408,7 @@
     // Runs for the page once htmx is ready, and for every piece of content it swaps in.
     htmx.onLoad(function (elt) { settle(elt); });
     document.addEventListener("htmx:beforeSwap", keepPlace);
+    document.addEventListener("htmx:afterSwap", restoreFocus);
     document.addEventListener("htmx:afterSettle", restorePlace);
   } else {
     document.addEventListener("DOMContentLoaded", function () { settle(document); });

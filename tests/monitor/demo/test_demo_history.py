@@ -361,23 +361,24 @@ def test_a_scenario_task_gets_whole_runs_marked_and_hidden_like_the_rest(
     assert 'class="tag generated"' not in client.get(reverse("rw-log")).content.decode()
 
 
-def test_an_alert_rules_backtest_on_the_demo_history_answers_in_under_two_seconds(
-    demo: float,
-) -> None:
+def test_an_alert_rules_backtest_replays_the_demo_history_hour_by_hour(demo: float) -> None:
+    """Its time is bench-pages' figure ("alert backtest", target 2 s), not asserted here."""
     from monitor.alerts import backtest
     from monitor.alerts.models import KIND_AVAILABILITY, KIND_LATENCY, AlertRule
 
     task = Task.objects.get(slug="support-answer")
-    # A line every probe is past: every hour of every route and region computes its interval.
+    # A line every probe is past, over 4 hours: the reference option set is one of the task's
+    # four, so an hour holds 1 or 2 of its probes, too few for a median's interval; 4 hours
+    # hold enough for its lower bound, so every hour after the history began is a breach.
     latency = AlertRule.objects.create(
-        task=task, kind=KIND_LATENCY, threshold_ms=1.0, min_regions=1
+        task=task, kind=KIND_LATENCY, threshold_ms=1.0, min_regions=1, window_minutes=240
     )
     availability = AlertRule.objects.create(task=task, kind=KIND_AVAILABILITY)
     for rule in (latency, availability):
-        started = time.perf_counter()
         result = backtest.run(rule, timezone.now())
-        elapsed = time.perf_counter() - started
-        assert elapsed < 2.0, f"{rule.kind}: {elapsed:.2f} s"
         assert result.hours == 30 * 24
         assert re.fullmatch(r"would have fired \d+ times? in the last 30 days", result.headline)
-    assert backtest.run(latency, timezone.now()).firings  # the week of history is in it
+    fired = backtest.run(latency, timezone.now()).firings
+    # One firing per route: each breach begins once with the history and never clears.
+    assert sorted(f.subject for f in fired) == sorted(f"route:{r.pk}" for r in task.routes.all())
+    assert all("samples" in f.why and "1 ms" in f.why for f in fired)

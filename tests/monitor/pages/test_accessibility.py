@@ -262,15 +262,25 @@ def test_focus_and_scroll_survive_the_overview_refresh_and_the_filter_swaps(
         before = _focused(page)
         assert before["tag"] == "A", before
         assert before["y"] > 0, before
-        # The server refreshes the overview every second (fixture `server`).
+        # The server refreshes the overview every second (fixture `server`). Where focus and
+        # scroll stand is read when each refresh has settled (htmx:afterSettle, after the
+        # page's own handlers): not whenever the test looks, which may fall inside a swap.
+        page.evaluate(
+            """() => { window.__settled = [];
+                document.addEventListener('htmx:afterSettle', () => window.__settled.push({
+                    tag: document.activeElement.tagName,
+                    href: document.activeElement.getAttribute('href'),
+                    active: document.activeElement.classList.contains('active'),
+                    y: window.scrollY,
+                    at: document.querySelector('#overview-body').dataset.renderedAt})); }"""
+        )
         first = page.get_attribute("#overview-body", "data-rendered-at")
         page.wait_for_function(
-            "(first) => document.querySelector('#overview-body').dataset.renderedAt !== first",
-            arg=first,
-            timeout=10_000,
+            "(first) => window.__settled.some(s => s.at !== first)", arg=first, timeout=10_000
         )
-        page.wait_for_load_state("networkidle")
-        assert _focused(page) == before
+        settled = page.evaluate("window.__settled")
+        assert settled
+        assert all({k: v for k, v in s.items() if k != "at"} == before for s in settled), settled
 
         # A filter chosen from the keyboard: focus stays on it, now the active one.
         _open(page, server + pages["task"])

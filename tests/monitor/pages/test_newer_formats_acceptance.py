@@ -169,15 +169,11 @@ def _slug(page: Page, name: str) -> None:
 
 
 def _choose_all(page: Page, field: str) -> None:
-    """A many-to-many field: the admin's two-box chooser when its script ran, else the plain
-    multiple select it enhances."""
-    chooser = page.locator(f"#id_{field}_add_all")
-    if chooser.count():
-        chooser.click()
-    else:
-        select = page.locator(f"#id_{field}")
-        values = select.locator("option").evaluate_all("os => os.map(o => o.value)")
-        select.select_option(values)
+    """A many-to-many field as the task form renders it: one labelled checkbox per choice."""
+    boxes = page.locator(f"#id_{field} input[type=checkbox]")
+    assert boxes.count(), f"the task form offers no {field} to choose"
+    for i in range(boxes.count()):
+        boxes.nth(i).check()
 
 
 def _add_provider(page: Page, base: str, form: dict[str, str]) -> None:
