@@ -12,7 +12,7 @@ LOCK_ARGS := --python-version 3.11 --python-platform linux --generate-hashes --c
 TYPECHECK_ENV := SECRET_KEY=typecheck-typecheck-typecheck-typecheck-typecheck-typecheck FIELD_ENCRYPTION_KEYS=YWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWE= \
 	DATABASE_URL=postgresql://typecheck@localhost/typecheck REDIS_URL=redis://localhost:6379/0
 
-.PHONY: install lock run test lint typecheck pytest bench bench-simulator bench-probes bench-scenarios bench-scale bench-pages bench-partitions bench-load bench-region vendor clean
+.PHONY: install lock run test lint typecheck pytest test-faults bench bench-simulator bench-probes bench-scenarios bench-scale bench-pages bench-partitions bench-load bench-region vendor clean
 
 $(STAMP): pyproject.toml $(LOCK)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,13 @@ typecheck: $(STAMP)
 
 pytest: $(STAMP)
 	$(PY) -m devstack test -- $(PYTEST_ARGS)
+
+# The fault suite alone (issue 28): RUNS=5 runs it five times in a row, stopping at the first
+# failure; run it while `make bench-load` loads the machine to check it holds under load.
+RUNS ?= 1
+test-faults: $(STAMP)
+	@for i in $$(seq $(RUNS)); do echo "fault suite, run $$i of $(RUNS)"; \
+	  $(PY) -m devstack test -- -m fault -p no:cacheprovider $(PYTEST_ARGS) || exit 1; done
 
 bench: bench-simulator bench-probes
 

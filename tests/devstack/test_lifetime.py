@@ -25,6 +25,8 @@ import pytest
 from devstack import lifetime, stack
 from tests.support import ROOT
 
+pytestmark = pytest.mark.fault
+
 # A stand-in child: writes its pid, notes a SIGTERM (the orderly stop) and exits on it; with
 # an argument "grandchild" it first starts a process of its own that outlives it.
 CHILD = textwrap.dedent(

@@ -24,7 +24,7 @@ from tests import support
 from tests.monitor.pipeline import test_fault_recovery as faults
 from tests.processes import running
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.fault]
 
 AHEAD_S = 60
 

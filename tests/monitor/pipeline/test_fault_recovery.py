@@ -41,7 +41,7 @@ from simulator.testing import CONFIGS, SimulatorProcess
 from tests import support
 from tests.processes import ProcessStack, running
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.fault]
 
 REGION = "r-fault"
 INTERVAL_S = 10

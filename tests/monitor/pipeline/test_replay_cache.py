@@ -37,7 +37,7 @@ from tests.monitor import factories as f
 from tests.processes import ProcessStack, running
 from tests.sim_fixtures import OPENAI_KEY, sim  # noqa: F401 (fixture)
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.fault]
 
 REGION = "replay"
 QUEUE = f"probes.{REGION}"

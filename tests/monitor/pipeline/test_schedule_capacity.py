@@ -41,7 +41,7 @@ from tests import support
 from tests.monitor import factories as f
 from tests.processes import ProcessStack, running
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.fault]
 
 REGION = "r-slow"
 SLOW_KEY = "sk-test-slowlane-0123456789"

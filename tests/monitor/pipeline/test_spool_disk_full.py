@@ -26,7 +26,7 @@ from tests import support
 from tests.monitor.pipeline import test_fault_recovery as faults
 from tests.processes import running
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.fault]
 
 DROPPED = re.compile(r"cannot keep (\d+) results in the local spool \(OSError")
 
