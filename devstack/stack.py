@@ -1,7 +1,8 @@
 """The local stack behind `make run` and `make test`.
 
     python -m devstack run [--port 8000]   the whole product with demo data
-    python -m devstack test [-- ARGS]      the test suite (pytest ARGS)
+    python -m devstack test [-- ARGS]      the test suite (pytest ARGS; the whole suite runs
+                                           as two shards side by side: devstack.shards)
     python -m devstack exec -- CMD ...     a command with the stack's environment
 
 When DATABASE_URL / REDIS_URL are unset, embedded PostgreSQL and Redis are started with their
@@ -26,12 +27,12 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from devstack import embedded, lifetime
+from devstack import embedded, lifetime, shards
 from monitor import broker_tls, limits
 
 ROOT = embedded.ROOT
@@ -592,17 +593,28 @@ def serve(
 def test(pytest_args: list[str]) -> int:
     # RW_TEST_VAR_DIR lets two suites run side by side, each with its own embedded servers.
     var_dir = Path(os.environ.get("RW_TEST_VAR_DIR") or ROOT / "var" / "test")
-    # The suite's data is thrown away: commits need not wait for the disk.
-    stack = _prepare_env(var_dir, {"PROVIDER_ALLOW_PRIVATE_NETWORKS": "true"}, durable=False)
-    env = stack.env
-    if len(stack.embedded) < 2:  # tests that restart servers need the embedded ones
-        env["RW_EXTERNAL_SERVICES"] = "1"
+
+    def start(shard_dir: Path) -> tuple[dict[str, str], Callable[[], None]]:
+        # The suite's data is thrown away: commits need not wait for the disk.
+        stack = _prepare_env(shard_dir, {"PROVIDER_ALLOW_PRIVATE_NETWORKS": "true"}, durable=False)
+        env = stack.env
+        if len(stack.embedded) < 2:  # tests that restart servers need the embedded ones
+            env["RW_EXTERNAL_SERVICES"] = "1"
+        try:
+            _manage(env, "collectstatic", "--noinput", quiet=True)
+        except BaseException:
+            embedded.stop(shard_dir, stack.started)
+            raise
+        return env, lambda: embedded.stop(shard_dir, stack.started)
+
+    command = [PY, "-m", "pytest"]
+    if shards.split(pytest_args, dict(os.environ), ROOT):
+        return shards.run(pytest_args, var_dir, start, command, ROOT)
+    env, stop = start(var_dir)
     try:
-        _manage(env, "collectstatic", "--noinput", quiet=True)
-        result = subprocess.run([PY, "-m", "pytest", *pytest_args], env=env, cwd=ROOT)
-        return result.returncode
+        return subprocess.run([*command, *pytest_args], env=env, cwd=ROOT).returncode
     finally:
-        embedded.stop(var_dir, stack.started)
+        stop()
 
 
 def exec_(argv: list[str]) -> int:
