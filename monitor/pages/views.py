@@ -18,6 +18,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import mark_safe
+from django.views.decorators.gzip import gzip_page
 from django.views.decorators.http import require_GET, require_POST
 
 from monitor.answer import board
@@ -293,10 +294,17 @@ def _scraper_token_ok(request: HttpRequest) -> bool:
     return hmac.compare_digest(header.removeprefix("Bearer ").encode(), token.encode())
 
 
+# Gzip when the scraper accepts it (Prometheus sends Accept-Encoding: gzip): a scrape grows with
+# tasks x routes x regions (docs/pages-api-metrics.md has the sizes) and compresses ~10x. BREACH
+# needs a secret in a compressed response that also reflects attacker-chosen input: /metrics
+# carries neither a secret nor a CSRF token (only figures, slugs and model ids) and echoes no
+# request input, so compressing it discloses nothing. Scoped to this view, not the pages.
 @require_GET
+@gzip_page
 def metrics(request: HtmxHttpRequest) -> HttpResponse:
     """Prometheus scrape target. With METRICS_BEARER_TOKEN set: that token, or a logged-in
-    user (public pages do not make it public); without one, the pages' rule."""
+    user (public pages do not make it public); without one, the pages' rule. Gzip-compressed
+    when the scraper accepts it."""
     if settings.METRICS_BEARER_TOKEN:
         allowed = _scraper_token_ok(request) or request.user.is_authenticated
     else:
