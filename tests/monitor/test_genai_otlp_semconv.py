@@ -189,3 +189,36 @@ def test_the_chunk_gaps_and_failure_time_travel_from_the_worker_and_are_stored_b
     assert genai_otlp.flush()
     per_chunk = [p for _, _, p in receiver.points()[PER_CHUNK]]
     assert sum(p.count for p in per_chunk) == MAX_CHUNK_GAPS
+
+
+def test_real_probes_through_the_region_worker_export_each_chunk_and_each_failure(
+    receiver: Receiver, probed_world
+) -> None:
+    """End to end: the region worker probed the simulator (tests/monitor/conftest.py), ingest
+    stored its payloads; the chunk gaps and the failures' times came all the way."""
+    rows = list(
+        ProbeResult.objects.filter(task=probed_world.task).values(
+            "outcome", "error_kind", "chunk_gaps_ms", "failed_after_ms", "e2e_ms"
+        )
+    )
+    ok = [r for r in rows if r["outcome"] == "ok"]
+    failed = [r for r in rows if r["outcome"] == "error"]
+    assert ok
+    assert failed  # the rate-limited route answers 429 most of the time
+    assert all(r["chunk_gaps_ms"] for r in ok)
+    assert all(0 < len(r["chunk_gaps_ms"]) <= MAX_CHUNK_GAPS for r in ok)
+    assert all(r["failed_after_ms"] is None for r in ok)
+    assert all(r["failed_after_ms"] is not None and r["failed_after_ms"] > 0 for r in failed)
+    assert genai_otlp.flush()
+    points = receiver.points()
+    gaps = sum(len(r["chunk_gaps_ms"] or []) for r in rows)
+    assert sum(p.count for _, _, p in points[PER_CHUNK]) == gaps
+    by_error: dict[str | None, int] = {}
+    for _, attrs, p in points[DURATION]:
+        kind = attrs.get("error.type")
+        by_error[kind] = by_error.get(kind, 0) + p.count
+    expected: dict[str | None, int] = {None: len(ok)}
+    for r in failed:
+        expected[r["error_kind"]] = expected.get(r["error_kind"], 0) + 1
+    assert by_error == expected
+    assert "http_429" in by_error
