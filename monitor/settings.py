@@ -105,7 +105,9 @@ try:
     METRICS_BEARER_TOKEN = envsecret("METRICS_BEARER_TOKEN")
     # OTLP/HTTP export of each stored probe as OpenTelemetry GenAI metrics, from ingest
     # (monitor.pipeline.ingest.genai_otlp); off unless one of these is set. The SDK reads the rest
-    # (OTEL_EXPORTER_OTLP_HEADERS, OTEL_METRIC_EXPORT_INTERVAL, OTEL_SERVICE_NAME, ...).
+    # from the environment itself (OTEL_EXPORTER_OTLP_HEADERS, OTEL_METRIC_EXPORT_INTERVAL, ...),
+    # and its resource detection reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES: they are
+    # honoured as given, "routewatch" being the service name only when neither names one.
     OTEL_EXPORTER_OTLP_ENDPOINT = envstr("OTEL_EXPORTER_OTLP_ENDPOINT")
     OTEL_EXPORTER_OTLP_METRICS_ENDPOINT = envstr("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
     # Exports stream at most this many rows (a bound on one request's work).

@@ -61,6 +61,7 @@ from probes.formats import (
 from probes.model import (
     BODY_ENCODINGS,
     BODY_MSGPACK_GZIP,
+    MAX_CHUNK_GAPS,
     SOURCE_USAGE,
     Measurement,
     ProbeSpec,
@@ -306,10 +307,13 @@ async def _attempt(
                     )
                 raise Truncated("the stream ended before the response was complete")
     except TimeoutError:
+        state.failed_at = time.perf_counter()
         _fail(result, _timeout(spec, state), spec)
     except ProbeError as failure:
+        state.failed_at = time.perf_counter()
         _fail(result, failure, spec)
     except (httpx2.HTTPError, httpx2.InvalidURL, *HTTPCORE_ERRORS, OSError) as exc:
+        state.failed_at = time.perf_counter()
         seen = from_transport(exc, state.headers_at is not None)
         if _h2c_refused(spec, origin, phases, state, seen):
             seen = InvalidSpec(
@@ -319,6 +323,7 @@ async def _attempt(
             )
         _fail(result, seen, spec)
     except Exception as exc:  # a bug of ours, not the provider's: the timings so far are kept
+        state.failed_at = time.perf_counter()
         _fail(result, _engine_failure(exc, spec), spec)
     finally:
         current.reset(token)
@@ -456,6 +461,7 @@ class _StreamState:
     finished: bool = False
     error: str | None = None
     error_kind: str = ""
+    failed_at: float | None = None  # perf_counter when the attempt failed
     rescheduled: bool = False
     # The usage reported by the first answer chunk's arrival (multi-token chunks' speed).
     usage_at_first_answer: dict[str, Any] | None = None
@@ -531,6 +537,8 @@ def _finish(
     result.ttfat_ms = _ms(t0, state.first_answer_at)
     if result.ok:
         result.e2e_ms = _ms(t0, state.end_at)
+    elif t0 and state.failed_at is not None:
+        result.failed_after_ms = _ms(t0, state.failed_at)
     text = "".join(state.text)
     result.text = text[: spec.text_limit]
     served = fmt.served(state.metas)
@@ -550,6 +558,7 @@ def _finish(
         gaps = [(b - a) * 1000.0 for a, b in itertools.pairwise(times)]
         result.itl_p50_ms = statistics.median(gaps)
         result.itl_max_ms = max(gaps)
+        result.chunk_gaps_ms = [round(g, 3) for g in gaps[:MAX_CHUNK_GAPS]]
     usage_output = (
         usage.output_tokens if usage is not None and (state.complete or state.finished) else None
     )

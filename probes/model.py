@@ -31,6 +31,11 @@ TOKEN_LIMIT_PARAMS = (MAX_TOKENS, MAX_COMPLETION_TOKENS)
 
 # How output_tokens was counted (token_source) and how tps's tokens were (tps_token_source).
 # These name a count's origin, they are not passwords (S105).
+# The gaps between content chunks a result keeps, one per chunk after the first (OpenTelemetry's
+# gen_ai.client.operation.time_per_output_chunk is recorded per chunk). Bounded: a longer stream
+# keeps its first MAX_CHUNK_GAPS gaps (itl_p50_ms / itl_max_ms still cover every chunk).
+MAX_CHUNK_GAPS = 256
+
 SOURCE_USAGE = "usage"
 SOURCE_TOKENIZER = "tokenizer"
 SOURCE_USAGE_MINUS_HIDDEN = "usage-minus-hidden-reasoning"
@@ -115,12 +120,16 @@ class Measurement:
     ttft_ms: float | None = None
     ttfat_ms: float | None = None
     e2e_ms: float | None = None
+    # A failed probe: request sent -> the failure was known (e2e_ms is for completed streams).
+    failed_after_ms: float | None = None
     output_tokens: int | None = None  # billed output, hidden reasoning included
     token_source: str = ""  # "usage" | "tokenizer"
     tps: float | None = None  # streamed tokens only: (streamed_output_tokens - 1) / window
     tpot_ms: float | None = None
     itl_p50_ms: float | None = None
     itl_max_ms: float | None = None
+    # Each gap between content chunks (ms, arrival to arrival), in order, at most MAX_CHUNK_GAPS.
+    chunk_gaps_ms: list[float] | None = None
     input_tokens: int | None = None
     cached_tokens: int | None = None
     http_version: str = ""

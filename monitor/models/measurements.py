@@ -67,6 +67,9 @@ class ProbeResult(models.Model):
     ttft_ms = models.FloatField(null=True, blank=True)
     ttfat_ms = models.FloatField(null=True, blank=True)
     e2e_ms = models.FloatField(null=True, blank=True)
+    # A failed probe: request sent -> the failure was known (OpenTelemetry exports it as the
+    # failed operation's duration). Null for completed probes and for probes never sent.
+    failed_after_ms = models.FloatField(null=True, blank=True)
     # The provider's own time as it reports it (Bedrock's metrics.latencyMs, else
     # openai-processing-ms): the rest of e2e was the path's. Null: not reported.
     server_ms = models.FloatField(null=True, blank=True)
@@ -79,6 +82,10 @@ class ProbeResult(models.Model):
     tpot_ms = models.FloatField(null=True, blank=True)
     itl_p50_ms = models.FloatField(null=True, blank=True)
     itl_max_ms = models.FloatField(null=True, blank=True)
+    # Each gap between content chunks (ms), the first probes.model.MAX_CHUNK_GAPS of them: what
+    # OpenTelemetry's time_per_output_chunk records per chunk. Null: fewer than two chunks.
+    # 24 + 8 bytes a gap: 2,072 bytes a row at most (a 200-chunk answer: 1.6 kB).
+    chunk_gaps_ms = ArrayField(models.FloatField(), null=True, blank=True)
     input_tokens = models.PositiveIntegerField(null=True, blank=True)
     # null = the provider did not report it, which differs from 0
     cached_tokens = models.PositiveIntegerField(null=True, blank=True)

@@ -310,6 +310,14 @@ def csv_stream(rows: Iterator[tuple[Any, ...]]) -> Iterator[str]:
         yield writer.writerow([_cell(v) for v in row])
 
 
+def ndjson_stream(rows: Iterator[tuple[Any, ...]]) -> Iterator[str]:
+    """One JSON object a line, each line whole (NDJSON / JSON Lines): the JSON export's objects
+    without the array around them. A newline inside a value is escaped by JSON, so never
+    splits a line."""
+    for row in rows:
+        yield json.dumps(dict(zip(EXPORT_HEADER, row, strict=True)), cls=DjangoJSONEncoder) + "\n"
+
+
 def json_stream(rows: Iterator[tuple[Any, ...]]) -> Iterator[str]:
     yield "["
     sep = "\n"

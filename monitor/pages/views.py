@@ -18,6 +18,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import mark_safe
+from django.views.decorators.gzip import gzip_page
 from django.views.decorators.http import require_GET, require_POST
 
 from monitor.answer import board
@@ -246,24 +247,31 @@ def races(request: HtmxHttpRequest) -> HttpResponse:
     return render(request, _partial(request, "front/races.html", {"races-body"}), ctx)
 
 
+# The exports' formats and media types. NDJSON (one JSON object a line, no array around them)
+# streams into jq, DuckDB, BigQuery or a log pipeline a line at a time.
+EXPORT_TYPES = {
+    "csv": "text/csv; charset=utf-8",
+    "json": "application/json",
+    "ndjson": "application/x-ndjson",
+}
+
+
 @readonly_page
 @require_GET
 def export(request: HtmxHttpRequest, fmt: str) -> StreamingHttpResponse:
-    if fmt not in ("csv", "json"):
+    if fmt not in EXPORT_TYPES:
         raise Http404("unknown export format")
     f = pages_log.parse_filter(request.GET)
     f.not_before = hidden_until(request)
     now = timezone.now()
     rows = pages_log.export_rows(f, now, settings.EXPORT_MAX_ROWS)
     stamp = now.strftime("%Y%m%dT%H%M%SZ")
-    if fmt == "csv":
-        response = StreamingHttpResponse(
-            pages_log.csv_stream(rows), content_type="text/csv; charset=utf-8"
-        )
-    else:
-        response = StreamingHttpResponse(
-            pages_log.json_stream(rows), content_type="application/json"
-        )
+    streams = {
+        "csv": pages_log.csv_stream,
+        "json": pages_log.json_stream,
+        "ndjson": pages_log.ndjson_stream,
+    }
+    response = StreamingHttpResponse(streams[fmt](rows), content_type=EXPORT_TYPES[fmt])
     response["Content-Disposition"] = f'attachment; filename="routewatch-results-{stamp}.{fmt}"'
     response["X-Export-Row-Limit"] = str(settings.EXPORT_MAX_ROWS)
     return response
@@ -293,10 +301,17 @@ def _scraper_token_ok(request: HttpRequest) -> bool:
     return hmac.compare_digest(header.removeprefix("Bearer ").encode(), token.encode())
 
 
+# Gzip when the scraper accepts it (Prometheus sends Accept-Encoding: gzip): a scrape grows with
+# tasks x routes x regions (docs/pages-api-metrics.md has the sizes) and compresses ~10x. BREACH
+# needs a secret in a compressed response that also reflects attacker-chosen input: /metrics
+# carries neither a secret nor a CSRF token (only figures, slugs and model ids) and echoes no
+# request input, so compressing it discloses nothing. Scoped to this view, not the pages.
 @require_GET
+@gzip_page
 def metrics(request: HtmxHttpRequest) -> HttpResponse:
     """Prometheus scrape target. With METRICS_BEARER_TOKEN set: that token, or a logged-in
-    user (public pages do not make it public); without one, the pages' rule."""
+    user (public pages do not make it public); without one, the pages' rule. Gzip-compressed
+    when the scraper accepts it."""
     if settings.METRICS_BEARER_TOKEN:
         allowed = _scraper_token_ok(request) or request.user.is_authenticated
     else:

@@ -189,6 +189,7 @@ class ResultPayload(_ResultKeys, total=False):
     ttft_ms: float | None
     ttfat_ms: float | None
     e2e_ms: float | None
+    failed_after_ms: float | None
     server_ms: float | None
     output_tokens: int | None
     token_source: str
@@ -196,6 +197,7 @@ class ResultPayload(_ResultKeys, total=False):
     tpot_ms: float | None
     itl_p50_ms: float | None
     itl_max_ms: float | None
+    chunk_gaps_ms: list[float] | None
     input_tokens: int | None
     cached_tokens: int | None
     http_version: str

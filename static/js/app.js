@@ -148,6 +148,11 @@
       var xs = data.points.map(function (p) { return p.x; });
       var xmin = Math.min.apply(null, xs), xmax = Math.max.apply(null, xs);
       var pad = (xmax - xmin) * 0.1 || xmax * 0.1 || 1;
+      // Routes more than 10x apart: a log axis (and its title says so), else the fast ones
+      // crowd into the first tenth of a linear one.
+      var log = xmin > 0 && xmax / xmin > 10;
+      var barFrom = log ? xmin / 1.5 : Math.max(0, xmin - pad);
+      var barTo = log ? xmax * 1.5 : xmax + pad;
       var datasets = [
         { label: "fastest qualifying", data: winner, pointStyle: "star", pointRadius: 12, pointHoverRadius: 14, borderColor: c.ok, backgroundColor: c.ok, borderWidth: 2 },
         { label: "qualifies", data: passing, pointRadius: 7, pointHoverRadius: 9, backgroundColor: c.accent, borderColor: c.accent },
@@ -157,7 +162,7 @@
         datasets.push({
           label: "quality bar",
           type: "line",
-          data: [{ x: Math.max(0, xmin - pad), y: data.bar }, { x: xmax + pad, y: data.bar }],
+          data: [{ x: barFrom, y: data.bar }, { x: barTo, y: data.bar }],
           borderColor: c.over,
           borderDash: [6, 4],
           borderWidth: 1.5,
@@ -173,7 +178,9 @@
           animation: false,
           maintainAspectRatio: false,
           scales: {
-            x: { title: { display: true, text: data.x_label }, beginAtZero: true },
+            x: log
+              ? { type: "logarithmic", min: barFrom, max: barTo, title: { display: true, text: data.x_label + ", log scale" } }
+              : { type: "linear", title: { display: true, text: data.x_label }, beginAtZero: true },
             y: { title: { display: true, text: data.y_label } },
           },
           plugins: {

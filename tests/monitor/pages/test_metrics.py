@@ -5,6 +5,7 @@ winners are there. Over data probed for real against the simulator (conftest.pro
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import math
 from collections.abc import Iterator
 from datetime import timedelta
@@ -123,6 +124,32 @@ def test_it_speaks_openmetrics_to_a_scraper_that_asks_for_it(
     assert families["routewatch_winner"] == "info"
     plain = reader.get(reverse("rw-metrics"))
     assert plain["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+
+
+def test_a_scrape_is_gzip_compressed_when_the_scraper_accepts_it(
+    reader: Client, probed_world: World
+) -> None:
+    plain = reader.get(reverse("rw-metrics"))
+    assert not plain.has_header("Content-Encoding")
+    assert "Accept-Encoding" in plain["Vary"]  # caches keep the two apart
+    # What Prometheus sends with every scrape.
+    packed = reader.get(reverse("rw-metrics"), headers={"Accept-Encoding": "gzip"})
+    assert packed.status_code == 200
+    assert packed["Content-Encoding"] == "gzip"
+    assert packed["Content-Type"] == plain["Content-Type"]
+    body = gzip.decompress(packed.content).decode()
+    assert samples(body).keys() == samples(plain.content.decode()).keys()
+    assert len(packed.content) * 5 < len(plain.content), (len(packed.content), len(plain.content))
+    # OpenMetrics too.
+    om = reader.get(
+        reverse("rw-metrics"),
+        headers={
+            "Accept": "application/openmetrics-text; version=1.0.0",
+            "Accept-Encoding": "gzip",
+        },
+    )
+    assert om["Content-Encoding"] == "gzip"
+    assert gzip.decompress(om.content).decode().endswith("# EOF\n")
 
 
 def test_counters_are_the_all_time_rollups(reader: Client, probed_world: World) -> None:
