@@ -1,11 +1,10 @@
-"""Each result's failure time (request sent -> the failure was known) and the gaps between its
-content chunks, for OpenTelemetry's GenAI client metrics (failed operations' duration with
-error.type; time_per_output_chunk recorded per chunk).
+"""Each result's failure time (request sent -> the failure was known), for OpenTelemetry's
+GenAI client metrics (a failed operation's duration, with error.type). The gaps between a
+result's chunks travel in its payload to the export and are not stored (up to 2 kB a row).
 
-Both are nullable with no default: adding them to the partitioned raw results table is a catalog
-change only, however many rows it holds."""
+Nullable with no default: adding it to the partitioned raw results table is a catalog change
+only, however many rows it holds."""
 
-import django.contrib.postgres.fields
 from django.db import migrations, models
 
 
@@ -19,12 +18,5 @@ class Migration(migrations.Migration):
             model_name="proberesult",
             name="failed_after_ms",
             field=models.FloatField(blank=True, null=True),
-        ),
-        migrations.AddField(
-            model_name="proberesult",
-            name="chunk_gaps_ms",
-            field=django.contrib.postgres.fields.ArrayField(
-                base_field=models.FloatField(), blank=True, null=True, size=None
-            ),
         ),
     ]

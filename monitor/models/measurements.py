@@ -82,10 +82,6 @@ class ProbeResult(models.Model):
     tpot_ms = models.FloatField(null=True, blank=True)
     itl_p50_ms = models.FloatField(null=True, blank=True)
     itl_max_ms = models.FloatField(null=True, blank=True)
-    # Each gap between content chunks (ms), the first probes.model.MAX_CHUNK_GAPS of them: what
-    # OpenTelemetry's time_per_output_chunk records per chunk. Null: fewer than two chunks.
-    # 24 + 8 bytes a gap: 2,072 bytes a row at most (a 200-chunk answer: 1.6 kB).
-    chunk_gaps_ms = ArrayField(models.FloatField(), null=True, blank=True)
     input_tokens = models.PositiveIntegerField(null=True, blank=True)
     # null = the provider did not report it, which differs from 0
     cached_tokens = models.PositiveIntegerField(null=True, blank=True)

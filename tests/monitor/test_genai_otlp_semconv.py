@@ -165,10 +165,11 @@ def test_failed_probes_are_exported_with_error_type_and_each_chunk_gap(
     assert {a.get("error.type") for _, a, _ in points[TOKENS]} == {None}
 
 
-def test_the_chunk_gaps_and_failure_time_travel_from_the_worker_and_are_stored_bounded(
+def test_the_chunk_gaps_travel_to_the_export_unstored_and_the_failure_time_is_stored(
     receiver: Receiver, world
 ) -> None:
     assert {"chunk_gaps_ms", "failed_after_ms"} <= set(MEASURED)
+    assert "chunk_gaps_ms" not in {f.attname for f in ProbeResult._meta.concrete_fields}
     t, fast, eu = world
     long = [float(i % 50) for i in range(MAX_CHUNK_GAPS + 44)]
     batch = [
@@ -177,42 +178,35 @@ def test_the_chunk_gaps_and_failure_time_travel_from_the_worker_and_are_stored_b
         _payload(t, fast, eu, 2, extra={"chunk_gaps_ms": ["12"]}),  # not numbers: refused
     ]
     assert ingest.ingest(batch) == 2
-    rows = {
-        r.outcome: r
-        for r in ProbeResult.objects.filter(route=fast).only(
-            "outcome", "chunk_gaps_ms", "failed_after_ms"
-        )
-    }
-    assert rows["ok"].chunk_gaps_ms == long[:MAX_CHUNK_GAPS]
+    rows = {r.outcome: r for r in ProbeResult.objects.filter(route=fast).only("failed_after_ms")}
     assert rows["ok"].failed_after_ms is None
     assert rows["error"].failed_after_ms == 3.0
     assert genai_otlp.flush()
     per_chunk = [p for _, _, p in receiver.points()[PER_CHUNK]]
-    assert sum(p.count for p in per_chunk) == MAX_CHUNK_GAPS
+    assert sum(p.count for p in per_chunk) == MAX_CHUNK_GAPS  # the engine's bound, held
 
 
 def test_real_probes_through_the_region_worker_export_each_chunk_and_each_failure(
     receiver: Receiver, probed_world
 ) -> None:
     """End to end: the region worker probed the simulator (tests/monitor/conftest.py), ingest
-    stored its payloads; the chunk gaps and the failures' times came all the way."""
+    read its payloads; the chunk gaps and the failures' times came all the way."""
     rows = list(
         ProbeResult.objects.filter(task=probed_world.task).values(
-            "outcome", "error_kind", "chunk_gaps_ms", "failed_after_ms", "e2e_ms"
+            "outcome", "error_kind", "failed_after_ms", "e2e_ms", "output_tokens"
         )
     )
     ok = [r for r in rows if r["outcome"] == "ok"]
     failed = [r for r in rows if r["outcome"] == "error"]
     assert ok
     assert failed  # the rate-limited route answers 429 most of the time
-    assert all(r["chunk_gaps_ms"] for r in ok)
-    assert all(0 < len(r["chunk_gaps_ms"]) <= MAX_CHUNK_GAPS for r in ok)
     assert all(r["failed_after_ms"] is None for r in ok)
     assert all(r["failed_after_ms"] is not None and r["failed_after_ms"] > 0 for r in failed)
     assert genai_otlp.flush()
     points = receiver.points()
-    gaps = sum(len(r["chunk_gaps_ms"] or []) for r in rows)
-    assert sum(p.count for _, _, p in points[PER_CHUNK]) == gaps
+    # Each gap between chunks, not one figure a probe: every answer here streamed many chunks.
+    chunks = sum(p.count for _, _, p in points[PER_CHUNK])
+    assert 2 * len(ok) <= chunks <= len(rows) * MAX_CHUNK_GAPS
     by_error: dict[str | None, int] = {}
     for _, attrs, p in points[DURATION]:
         kind = attrs.get("error.type")

@@ -16,7 +16,6 @@ from decimal import Decimal, InvalidOperation
 from functools import cache
 from typing import Any
 
-from django.contrib.postgres.fields import ArrayField
 from django.db import (
     connection,
     models,
@@ -26,7 +25,6 @@ from monitor.models import (
     ProbeResult,
     Route,
 )
-from probes.model import MAX_CHUNK_GAPS
 
 TEXT_LIMIT = 4000
 
@@ -67,12 +65,12 @@ class _Column:
     """What a ProbeResult column accepts, read off the model once."""
 
     attname: str
-    kind: str  # "int", "float", "floats" (a float array), "decimal", "bool", "text", "datetime"
+    kind: str  # "int", "float", "decimal", "bool", "text", "datetime"
     null: bool
     low: int = 0  # integers: the column's range
     high: int = 0
     foreign_key: bool = False
-    max_length: int | None = None  # text; floats: the most items kept
+    max_length: int | None = None  # text
     decimal_max: Decimal = Decimal(0)  # decimals: the first magnitude that does not fit
 
 
@@ -102,9 +100,6 @@ def _columns() -> dict[str, _Column]:
         elif isinstance(f, models.DecimalField):
             top = Decimal(10) ** (f.max_digits - f.decimal_places)
             out[f.attname] = _Column(f.attname, "decimal", f.null, decimal_max=top)
-        elif isinstance(f, ArrayField) and isinstance(f.base_field, models.FloatField):
-            # chunk_gaps_ms: at most the engine's bound (a longer list is cut to it)
-            out[f.attname] = _Column(f.attname, "floats", f.null, max_length=MAX_CHUNK_GAPS)
         elif internal in _KINDS:
             limit = _TEXT_LIMITS.get(f.attname, f.max_length)
             out[f.attname] = _Column(f.attname, _KINDS[internal], f.null, max_length=limit)
@@ -154,16 +149,6 @@ def _fit(column: _Column, value: Any) -> Any:
         except InvalidOperation:
             raise BadPayload(f"{column.attname}: not a number") from None
         return number if number.is_finite() and abs(number) < column.decimal_max else None
-    if kind == "floats":
-        if not isinstance(value, list):
-            raise BadPayload(f"{column.attname}: expected a list, got {type(value).__name__}")
-        out = []
-        for item in value[: column.max_length]:
-            if not isinstance(item, int | float) or isinstance(item, bool):
-                raise BadPayload(f"{column.attname}: expected numbers, got {type(item).__name__}")
-            if math.isfinite(item):
-                out.append(float(item))
-        return out
     if kind == "bool":
         if not isinstance(value, bool):
             raise BadPayload(

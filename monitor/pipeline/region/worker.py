@@ -73,10 +73,16 @@ _SET_BY_WORKER = {
     "quality_pass",
     "cost_usd",
 }
-MEASURED = tuple(
-    f.name
-    for f in dataclasses.fields(Measurement)
-    if f.name in {c.attname for c in ProbeResult._meta.concrete_fields} - _SET_BY_WORKER
+# Engine fields that travel to ingest without a column: read there (the OpenTelemetry export
+# records each gap between chunks), never stored (up to 2 kB a row).
+PAYLOAD_ONLY = ("chunk_gaps_ms",)
+MEASURED = (
+    *(
+        f.name
+        for f in dataclasses.fields(Measurement)
+        if f.name in {c.attname for c in ProbeResult._meta.concrete_fields} - _SET_BY_WORKER
+    ),
+    *PAYLOAD_ONLY,
 )
 
 # Per-route request settings (messages.RequestSettings) map to ProbeSpec fields of the same
