@@ -90,12 +90,12 @@ def _pages(route: Route) -> dict[str, str]:
     }
 
 
-def test_a_fresh_demo_gets_a_week_of_history_quickly_and_every_page_shows_it_marked(
-    demo: float, client: Client, teammate: User
+def test_a_fresh_demo_gets_a_week_of_history_and_every_page_shows_it_marked(
+    demo: float, client: Client, teammate: User, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # Fast: seconds, not minutes (the week goes through ingest in batches).
-    # (About 50 s for the week on an idle 2-core machine; the bound leaves room for a busy one.)
-    assert demo < 150, f"generating the history took {demo:.1f} s"
+    # Its time is a figure, not a check (about 50 s for the week on an idle 2-core machine).
+    with capsys.disabled():
+        print(f"\ndemo history: a week generated in {demo:.1f} s")
     results = ProbeResult.objects.all()
     assert results.count() > 40_000
     assert not results.filter(generated=False).exists()
