@@ -10,7 +10,7 @@ probe adds made-up numbers. The TCP handshake to the proxy itself is local, so a
 connection's connect_ms does not include the delay; every request/response exchange does.
 
 A proxy is also a WAN's faults, where they hurt, on demand (`Link` runs one in a thread of
-the calling process and controls it from there; tests/monitor/test_remote_region.py):
+the calling process and controls it from there; tests/monitor/pipeline/test_remote_region.py):
 - `cut()`: the path is cut. Nothing passes either way: bytes already sent wait (as TCP
   segments wait to be sent again), a new connection is accepted by the kernel but gets no
   answer (its TLS handshake or first command times out); nothing is refused or reset, so
