@@ -102,8 +102,17 @@ def _cause(h: RegionHealth) -> str:
     """Why a region misses slots, from what its figures show."""
     if h.workers == []:
         return "it has no live worker"
-    if h.saturated or (h.hour.late and h.hour.late * 2 >= h.hour.missed):
+    if h.saturated:
         return "its workers are saturated (probes started too late to count)"
+    if h.hour.late and h.hour.late * 2 >= h.hour.missed:
+        # Late starts with workers that have room now: the batches waited in the queue while
+        # no worker took them (a region's first worker starting, a worker reconnecting after a
+        # WAN outage) or the workers were full then. Saying "saturated" sent a new region's
+        # admin after capacity it did not lack (docs/remote-regions.md, tried as a new user).
+        return (
+            "probes started too late to count: its queue backed up (no worker taking from "
+            "it for a while: one starting or reconnecting) or its workers were saturated"
+        )
     if h.queue_depth:
         return f"{h.queue_depth} batches wait in its queue"
     return "results did not arrive by their slots' deadlines (broker, ingest or network)"
