@@ -193,6 +193,42 @@ def test_late_starts_with_workers_that_have_room_are_blamed_on_the_queue_not_on_
     )
 
 
+def test_a_live_worker_of_a_region_no_task_probes_from_is_listed_and_told_why_it_idles(
+    client: Client, db: None, staff: User, beacons: Any
+) -> None:
+    """Enrolled and started before any task probes from its region (tried as a new user,
+    docs/remote-regions.md; and `make run` again resets the demo tasks' regions): its worker
+    was live and invisible on the Status page."""
+    g = f.region(SLUG)
+    liveness.publish(
+        {
+            "region": SLUG,
+            "worker": "host:7",
+            "seen_at": time.time(),
+            "in_flight": 0,
+            "holding": 0,
+            "capacity": 2000,
+            "threads": 500,
+            "started": 0,
+            "late": 0,
+            "peak": 0,
+            "version": "9.9.9",
+            "clock_offset_s": 0.0,
+            "clock_ok": True,
+            "consuming": True,
+        }
+    )
+    client.force_login(staff)
+    status = client.get(reverse("rw-status")).content.decode()
+    row = re.search(
+        rf'<tr data-worker="host:7" data-worker-region="{g.slug}".*?</tr>', status, re.S
+    )
+    assert row, status
+    assert "9.9.9" in row.group(0)
+    assert f"{SLUG}: 1 live worker(s), but no active task probes from this region" in status
+    assert f"{SLUG}: down" not in status
+
+
 def test_a_region_keeping_its_schedule_raises_no_banner(
     client: Client, db: None, staff: User, beacons: Any
 ) -> None:
