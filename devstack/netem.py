@@ -10,7 +10,7 @@ probe adds made-up numbers. The TCP handshake to the proxy itself is local, so a
 connection's connect_ms does not include the delay; every request/response exchange does.
 
 A proxy is also a WAN's faults, where they hurt, on demand (`Link` runs one in a thread of
-the calling process and controls it from there; tests/monitor/test_remote_region.py):
+the calling process and controls it from there; tests/monitor/pipeline/test_remote_region.py):
 - `cut()`: the path is cut. Nothing passes either way: bytes already sent wait (as TCP
   segments wait to be sent again), a new connection is accepted by the kernel but gets no
   answer (its TLS handshake or first command times out); nothing is refused or reset, so
@@ -218,7 +218,8 @@ async def _main(ns: argparse.Namespace) -> None:
     proxy = DelayProxy(ns.listen, ns.target, ns.rtt_ms)
     port = await proxy.start()
     print(
-        f"netem: 127.0.0.1:{port} -> {ns.target[0]}:{ns.target[1]} rtt {ns.rtt_ms} ms", flush=True
+        f"netem: {ns.listen[0]}:{port} -> {ns.target[0]}:{ns.target[1]} rtt {ns.rtt_ms} ms",
+        flush=True,
     )
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -238,9 +239,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--listen", type=_addr, required=True, help="HOST:PORT to listen on")
     parser.add_argument("--target", type=_addr, required=True, help="HOST:PORT to forward to")
     parser.add_argument("--rtt-ms", type=float, required=True, help="round-trip time to add")
+    parser.add_argument(
+        "--not-loopback",
+        action="store_true",
+        help="allow --listen on an address other than loopback (the host's end of a veth pair "
+        "to a network namespace): whatever reaches that address reaches the target",
+    )
     ns = parser.parse_args(argv)
-    if ns.listen[0] not in ("127.0.0.1", "localhost", "::1"):
-        parser.error("the delay proxy listens on loopback only")
+    if ns.listen[0] not in ("127.0.0.1", "localhost", "::1") and not ns.not_loopback:
+        parser.error("the delay proxy listens on loopback only, unless --not-loopback")
     asyncio.run(_main(ns))
 
 

@@ -312,6 +312,33 @@ def broker_over_tls(env: dict[str, str], tls_port: int) -> tuple[Child, dict[str
     }
 
 
+# Where a region from another network namespace reaches the simulator (RW_BROKER_TLS_HOST):
+# the simulator's port + this, on that address.
+REMOTE_SIM_PORT_OFFSET = 9
+
+
+def simulator_for_elsewhere(env: dict[str, str], simulator_port: int) -> Child | None:
+    """With RW_BROKER_TLS_HOST (an address of this machine that a region elsewhere reaches: the
+    host's end of a veth pair), a WAN link (~100 ms) on that address to the simulator, and the
+    line saying what that region's worker needs to probe through it; None without."""
+    host = env.get("RW_BROKER_TLS_HOST")
+    if not host or host in ("127.0.0.1", "localhost"):
+        return None
+    port = simulator_port + REMOTE_SIM_PORT_OFFSET
+    _say(
+        f"a region elsewhere reaches the simulator at {host}:{port}: give its worker "
+        f"RW_CONNECT_TO=127.0.0.1:{simulator_port}={host}:{port} "
+        "PROVIDER_ALLOW_PRIVATE_NETWORKS=true"
+    )
+    return Child(
+        "net-elsewhere",
+        [
+            PY, "-m", "devstack.netem", "--listen", f"{host}:{port}",
+            "--target", f"127.0.0.1:{simulator_port}", "--rtt-ms", "100", "--not-loopback",
+        ],
+    )  # fmt: skip
+
+
 def region_workers(
     env: dict[str, str], simulator_port: int, keys: dict[str, str] | None = None
 ) -> list[Child]:
@@ -320,6 +347,9 @@ def region_workers(
     tls = broker_over_tls(env, simulator_port + TLS_PORT_OFFSET)
     if tls is not None:
         children.append(tls[0])
+    elsewhere = simulator_for_elsewhere(env, simulator_port)
+    if elsewhere is not None:
+        children.append(elsewhere)
     for i, (slug, rtt_ms) in enumerate(DEMO_REGIONS, start=1):
         proxy_port = simulator_port + i
         children.append(

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -9,6 +10,7 @@ from typing import Any
 
 from celery import Celery, bootsteps
 from celery.signals import celeryd_init, worker_init
+from celery.worker.consumer import Consumer
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "monitor.settings")
 
@@ -39,6 +41,30 @@ class ConsumerStarted(bootsteps.StartStopStep):
 
 
 app.steps["consumer"].add(ConsumerStarted)
+
+# A consumer that lost its broker tries again after 1 s, then 1 s more each time, and never
+# waits more than this between two attempts (each attempt itself is bounded by the broker's
+# socket_connect_timeout, RW_BROKER_SOCKET_TIMEOUT_SECONDS).
+RECONNECT_INTERVAL_MAX_S = 3.0
+
+
+class BoundedRetryConsumer(Consumer):
+    """Celery's consumer, reconnecting at most RECONNECT_INTERVAL_MAX_S apart (settings'
+    CELERY_WORKER_CONSUMER names it). Celery's own calls kombu's ensure_connection with
+    kombu's defaults, whatever the transport options say: 2 s, then 2 s more each time, up to
+    30 s. After a WAN outage of a minute a worker then waited up to 10 s (and after longer
+    ones up to 30 s) before its next attempt, on top of the outage: the region's resume time
+    grew with the outage (tests/monitor/pipeline/test_remote_region.py)."""
+
+    def ensure_connected(self, conn: Any) -> Any:
+        conn.ensure_connection = functools.partial(
+            conn.ensure_connection,
+            interval_start=1.0,
+            interval_step=1.0,
+            interval_max=RECONNECT_INTERVAL_MAX_S,
+        )
+        return super().ensure_connected(conn)
+
 
 # A worker whose Celery gave up ("Unrecoverable error", e.g. kombu's AttributeError while its
 # broker connection was being replaced, seen when the broker restarts: celery#10205) is meant

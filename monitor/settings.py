@@ -383,6 +383,15 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Reconnects to a lost broker at most 3 s apart (kombu's default grows to 30 s).
+CELERY_WORKER_CONSUMER = "monitor.celery:BoundedRetryConsumer"
+# Nothing sends a region worker remote-control commands (its state is its beacon,
+# monitor.pipeline.region.liveness). Across a WAN its pidbox is a Redis PUBSUB connection
+# more to lose, and the one whose loss crashed the worker when the broker restarted: kombu
+# failed to close the consumer's channel ("Unrecoverable error: AttributeError: 'NoneType'
+# object has no attribute 'hostname'", the PUBSUB read failing while a BRPOP was in flight),
+# and the worker was restarted instead of reconnecting (tests/monitor/pipeline/test_remote_region.py).
+CELERY_WORKER_ENABLE_REMOTE_CONTROL = not RW_REGION
 # Derived from the longest probe deadline (monitor.limits), like the region tasks' limits.
 # A broker across a WAN can vanish without closing the connection (a cut path, a NAT or a
 # firewall forgetting it): every exchange is bounded, so a region worker notices within

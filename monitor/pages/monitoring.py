@@ -57,6 +57,7 @@ class RegionHealth:
     workers: list[liveness.Beacon] | None  # None: the broker does not answer
     last_result_at: datetime | None  # the last results its workers delivered to ingest
     path_failed: PathFailure | None = None
+    scheduled: bool = True  # some active task probes from it
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -102,8 +103,17 @@ def _cause(h: RegionHealth) -> str:
     """Why a region misses slots, from what its figures show."""
     if h.workers == []:
         return "it has no live worker"
-    if h.saturated or (h.hour.late and h.hour.late * 2 >= h.hour.missed):
+    if h.saturated:
         return "its workers are saturated (probes started too late to count)"
+    if h.hour.late and h.hour.late * 2 >= h.hour.missed:
+        # Late starts with workers that have room now: the batches waited in the queue while
+        # no worker took them (a region's first worker starting, a worker reconnecting after a
+        # WAN outage) or the workers were full then. Saying "saturated" sent a new region's
+        # admin after capacity it did not lack (docs/remote-regions.md, tried as a new user).
+        return (
+            "probes started too late to count: its queue backed up (no worker taking from "
+            "it for a while: one starting or reconnecting) or its workers were saturated"
+        )
     if h.queue_depth:
         return f"{h.queue_depth} batches wait in its queue"
     return "results did not arrive by their slots' deadlines (broker, ingest or network)"
@@ -137,6 +147,11 @@ def _problems(h: RegionHealth, now: datetime) -> list[str]:
             "providers, failed before any answer (DNS, connect, TLS or no headers in time); "
             "the providers are not to blame"
         )
+    if not h.scheduled and h.workers:
+        out.append(
+            f"{slug}: {len(h.workers)} live worker(s), but no active task probes from this "
+            "region: it gets no work until one does (admin: Tasks, its regions)"
+        )
     share = h.hour.missed_share
     if share is not None and share > health.MISSED_SHARE_MAX:
         out.append(f"{slug}: {share:.0%} of slots missed in the last hour; {_cause(h)}")
@@ -168,8 +183,21 @@ def scheduled_regions() -> list[Region]:
     )
 
 
+def status_regions() -> list[Region]:
+    """The regions the Status page lists: those some active task probes from, and any other
+    active region with a live worker (enrolled and started before a task probes from it, or
+    taken out of its tasks: its worker shows, and the page says why it gets no work)."""
+    scheduled = scheduled_regions()
+    known = {g.slug for g in scheduled}
+    live = [slug for slug in (liveness.live_workers() or {}) if slug not in known]
+    idle = Region.objects.filter(is_active=True, slug__in=live) if live else []
+    return sorted([*scheduled, *idle], key=lambda g: g.name)
+
+
 def regions_health(now: datetime, regions: list[Region] | None = None) -> list[RegionHealth]:
-    regions = scheduled_regions() if regions is None else regions
+    scheduled = scheduled_regions()
+    regions = scheduled if regions is None else regions
+    scheduled_ids = {g.pk for g in scheduled}
     if not regions:
         return []
     hour = health.schedules(now, HOUR)
@@ -206,6 +234,7 @@ def regions_health(now: datetime, regions: list[Region] | None = None) -> list[R
             workers=None if beacons is None else beacons.get(g.slug, []),
             last_result_at=seen.get(region_heartbeat(g.pk)),
             path_failed=failed_paths.get(g.pk),
+            scheduled=g.pk in scheduled_ids,
         )
         h.problems = _problems(h, now)
         out.append(h)

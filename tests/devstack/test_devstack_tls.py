@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import ssl
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,34 @@ def test_without_stunnel_the_tls_region_reaches_the_broker_in_clear_and_says_so(
     worker = next(c for c in children if c.name == "ap-south")
     assert "REDIS_URL" not in worker.env
     assert not any(c.name == "broker-tls" for c in children)
+
+
+def test_a_region_elsewhere_gets_a_link_to_the_simulator_on_the_brokers_address(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """With RW_BROKER_TLS_HOST, a worker in another network namespace reaches the simulator
+    through a delay proxy on that address (docs/remote-regions.md); the proxy listens off
+    loopback only when told to."""
+    assert stack.simulator_for_elsewhere({}, 8100) is None
+    assert stack.simulator_for_elsewhere({"RW_BROKER_TLS_HOST": "127.0.0.1"}, 8100) is None
+    # 127.0.0.2: an address other than the loopback names the proxy allows by default, that
+    # this machine has without a namespace.
+    port = free_port()
+    child = stack.simulator_for_elsewhere({"RW_BROKER_TLS_HOST": "127.0.0.2"}, port - 9)
+    assert child is not None
+    said = capsys.readouterr().out
+    assert f"RW_CONNECT_TO=127.0.0.1:{port - 9}=127.0.0.2:{port}" in said
+    assert "PROVIDER_ALLOW_PRIVATE_NETWORKS=true" in said
+    refused = subprocess.run(
+        [a for a in child.argv if a != "--not-loopback"],
+        capture_output=True, text=True, timeout=60, cwd=support.ROOT,
+    )  # fmt: skip
+    assert refused.returncode == 2
+    assert "loopback only, unless --not-loopback" in refused.stderr
+    proc = subprocess.Popen(child.argv, stdout=subprocess.PIPE, text=True, cwd=support.ROOT)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith(f"netem: 127.0.0.2:{port} -> 127.0.0.1:")
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -4,7 +4,7 @@ which Python makes with sem_clockwait on the monotonic clock and libfaketime doe
 lasts the skew longer or not at all). libfaketime 0.9.10 (Debian 12) then makes
 clock_nanosleep on the monotonic clock fail with EINVAL, and Python's time.sleep uses it: here
 time.sleep waits as a thread's timed wait does. Nothing else changes; no product code is
-touched (tests/monitor/test_remote_region.py)."""
+touched (tests/monitor/pipeline/test_remote_region.py)."""
 
 from __future__ import annotations
 

@@ -172,7 +172,7 @@ def plan(
             message=race_message_to_json(
                 race_message(task, region, at, cases.get(task.pk, []), now)
             ),
-            expires=expires_at(at, now),
+            expires=expires_at(at),
             tally_key="races",
             tally=1,
         )

@@ -93,7 +93,7 @@ def dispatches(
                 task_name=RUN_SCENARIO,
                 queue=slot.region.queue_name,
                 message=scenario_message_to_json(message),
-                expires=expires_at(slot.slot_at, now),
+                expires=expires_at(slot.slot_at),
                 tally_key=slot.region.slug,
                 tally=1,
             )

@@ -203,7 +203,7 @@ def plan(now: datetime | None = None) -> list[Dispatch]:
                 queue=region.queue_name,
                 message=probe_batch_to_json(batch),
                 # A worker that picks the batch up later could not finish before the deadlines.
-                expires=expires_at(min(s.slot_at for s in slots), now),
+                expires=expires_at(min(s.slot_at for s in slots)),
                 tally_key=region.slug,
                 tally=len(slots),
             )

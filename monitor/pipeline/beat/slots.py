@@ -97,10 +97,15 @@ def in_time(slot_at: datetime, now: datetime) -> bool:
     return now <= slot_at + grace()
 
 
-def expires_at(first_slot_at: datetime, now: datetime) -> datetime:
+def expires_at(first_slot_at: datetime) -> datetime:
     """When a message stops being worth running: a worker that picks it up later could not
-    finish before the deadlines of the slots it carries."""
-    return max(first_slot_at, now) + grace()
+    finish before the deadlines of the slots it carries (a slot's deadline is its time, its
+    probe timeout and the grace: a probe started after its slot's grace no longer fits).
+    Counted from the first slot, not from when the message is sent: a tick that runs late (a
+    busy scheduler) sends slots already well into their grace, and a message counted from
+    then let a worker that took it late probe them after all, and ingest refused the results
+    as sent after their deadlines: probes run, paid for and lost (issue 31's WAN test)."""
+    return first_slot_at + grace()
 
 
 def request_settings(route: Route) -> RequestSettings:

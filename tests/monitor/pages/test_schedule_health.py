@@ -147,6 +147,88 @@ def test_the_overview_names_a_region_missing_slots_and_why_until_it_keeps_its_sc
     assert f'routewatch_region_probes_in_flight{{region="{SLUG}"}} 2000.0' in metrics
 
 
+def test_late_starts_with_workers_that_have_room_are_blamed_on_the_queue_not_on_capacity(
+    client: Client, db: None, staff: User, beacons: Any
+) -> None:
+    """A region's first worker started after its batches had waited in the queue (tried as a
+    new user, docs/remote-regions.md): its first probes started too late, but its worker is
+    nowhere near full, so the page does not call it saturated."""
+    p = f.provider()
+    r = f.route(p, "m1")
+    g = f.region(SLUG)
+    t = f.task("health", [r], [g], probe_timeout_s=900)
+    now = timezone.now().replace(microsecond=0)
+    slots = [Slot(t, r, g, now - timedelta(minutes=k)) for k in range(1, 5)]
+    assert len(scheduling.claim(slots)) == 4
+    late = [
+        {
+            **f.payload(t, r, g, s.slot_at, outcome="missed", error_kind="missed"),
+            "error_detail": "started late: 30.0 s after its planned start",
+            "start_lag_ms": 30_000.0,
+        }
+        for s in slots[2:]
+    ]
+    ok = [f.payload(t, r, g, s.slot_at) for s in slots[:2]]
+    assert ingest.ingest_signed(_signed(g, [*ok, *late])) == 4
+    liveness.publish(
+        {
+            "region": SLUG,
+            "worker": "host:1",
+            "seen_at": time.time(),
+            "in_flight": 3,
+            "holding": 3,
+            "capacity": 2000,
+            "threads": 500,
+            "started": 40,
+            "late": 2,
+            "peak": 20,
+        }
+    )
+    client.force_login(staff)
+    status = client.get(reverse("rw-status")).content.decode()
+    assert "its workers are saturated" not in status
+    assert (
+        f"{SLUG}: 50% of slots missed in the last hour; probes started too late to count: "
+        "its queue backed up" in status
+    )
+
+
+def test_a_live_worker_of_a_region_no_task_probes_from_is_listed_and_told_why_it_idles(
+    client: Client, db: None, staff: User, beacons: Any
+) -> None:
+    """Enrolled and started before any task probes from its region (tried as a new user,
+    docs/remote-regions.md; and `make run` again resets the demo tasks' regions): its worker
+    was live and invisible on the Status page."""
+    g = f.region(SLUG)
+    liveness.publish(
+        {
+            "region": SLUG,
+            "worker": "host:7",
+            "seen_at": time.time(),
+            "in_flight": 0,
+            "holding": 0,
+            "capacity": 2000,
+            "threads": 500,
+            "started": 0,
+            "late": 0,
+            "peak": 0,
+            "version": "9.9.9",
+            "clock_offset_s": 0.0,
+            "clock_ok": True,
+            "consuming": True,
+        }
+    )
+    client.force_login(staff)
+    status = client.get(reverse("rw-status")).content.decode()
+    row = re.search(
+        rf'<tr data-worker="host:7" data-worker-region="{g.slug}".*?</tr>', status, re.S
+    )
+    assert row, status
+    assert "9.9.9" in row.group(0)
+    assert f"{SLUG}: 1 live worker(s), but no active task probes from this region" in status
+    assert f"{SLUG}: down" not in status
+
+
 def test_a_region_keeping_its_schedule_raises_no_banner(
     client: Client, db: None, staff: User, beacons: Any
 ) -> None:
