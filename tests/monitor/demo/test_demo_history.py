@@ -40,7 +40,7 @@ from monitor.pipeline.ingest import retention as ingest_retention
 from simulator.config import load
 from tests.support import unfold_series
 
-pytestmark = [pytest.mark.django_db, pytest.mark.slow]
+pytestmark = pytest.mark.django_db
 
 RTT = {"us-east": 20.0, "eu-west": 90.0, "ap-south": 220.0}
 BANNER = "This dashboard includes generated demo history"

@@ -36,7 +36,7 @@ from monitor.stats import spend
 from simulator.testing import CONFIGS, SimulatorProcess
 from tests.monitor import factories as f
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 MEASURED = spend.MIN_USAGE_PROBES  # probes (scenario runs) before the estimate
 CHECKED = 2  # probes after it, whose real cost it is judged against
