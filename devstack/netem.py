@@ -16,6 +16,8 @@ the calling process and controls it from there; tests/monitor/test_remote_region
   answer (its TLS handshake or first command times out); nothing is refused or reset, so
   only a client's own timeouts tell it. `restore()` lets everything through again, in order.
 - `reset()`: every open connection is reset (RST to both ends, nothing more delivered).
+- `set_rtt(ms)`: the path gets slower or faster from the next chunk on (never reordering one
+  connection's bytes): one region's route slow while the others are not.
 No Django here.
 """
 
@@ -29,7 +31,7 @@ import signal
 import socket
 import struct
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 log = logging.getLogger("devstack.netem")
@@ -49,22 +51,31 @@ def _deliver(writer: asyncio.StreamWriter, data: bytes) -> None:
 async def _pipe(
     reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
-    delay_s: float,
+    delay_s: Callable[[], float],
     path_open: asyncio.Event,
 ) -> None:
-    """Copy reader to writer, each chunk delivered `delay_s` after it was read, in order
-    (timer handles with increasing deadlines run in order). While the path is cut
-    (`path_open` clear) a chunk read waits, and so does everything behind it."""
+    """Copy reader to writer, each chunk delivered `delay_s()` (the delay when it was read)
+    after it was read, in order: never before the chunk ahead of it (timer handles with
+    non-decreasing deadlines run in order), so a delay made shorter mid-stream reorders
+    nothing. While the path is cut (`path_open` clear) a chunk read waits, and so does
+    everything behind it."""
     loop = asyncio.get_running_loop()
+    last = 0.0
+
+    def at() -> float:
+        nonlocal last
+        last = max(last, loop.time() + delay_s())
+        return last
+
     try:
         while data := await reader.read(READ_SIZE):
             await path_open.wait()
-            loop.call_at(loop.time() + delay_s, _deliver, writer, data)
+            loop.call_at(at(), _deliver, writer, data)
     except (ConnectionError, OSError):
         pass
     await path_open.wait()
-    loop.call_at(loop.time() + delay_s, _deliver, writer, b"")
-    await asyncio.sleep(delay_s)
+    loop.call_at(at(), _deliver, writer, b"")
+    await asyncio.sleep(max(0.0, last - loop.time()))
 
 
 def _reset(writer: asyncio.StreamWriter) -> None:
@@ -100,6 +111,14 @@ class DelayProxy:
     def restore(self) -> None:
         self.path_open.set()
 
+    def set_rtt(self, rtt_ms: float) -> None:
+        """A new round-trip time, from the next chunk read on (a slow or mended path: what
+        makes one region's route slow while the others are not)."""
+        self.one_way_s = rtt_ms / 2000.0
+
+    def _one_way_s(self) -> float:
+        return self.one_way_s
+
     def reset(self) -> int:
         """Reset every open connection; returns how many there were."""
         connections = list(self._connections)
@@ -121,8 +140,8 @@ class DelayProxy:
         self._connections.add(pair)
         try:
             await asyncio.gather(
-                _pipe(client_r, upstream_w, self.one_way_s, self.path_open),
-                _pipe(upstream_r, client_w, self.one_way_s, self.path_open),
+                _pipe(client_r, upstream_w, self._one_way_s, self.path_open),
+                _pipe(upstream_r, client_w, self._one_way_s, self.path_open),
             )
         except asyncio.CancelledError:
             # The proxy is stopping: the connection just closes (asyncio would log a
@@ -199,6 +218,12 @@ class Link:
             self.proxy.restore()
 
         self._call(restore())
+
+    def set_rtt(self, rtt_ms: float) -> None:
+        async def set_rtt() -> None:
+            self.proxy.set_rtt(rtt_ms)
+
+        self._call(set_rtt())
 
     def reset(self) -> int:
         async def reset() -> int:

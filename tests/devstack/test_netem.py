@@ -120,3 +120,45 @@ def test_a_reset_sends_an_rst_to_every_open_connection(echo_port: int) -> None:
         again.sendall(b"y")
         again.settimeout(5)
         assert again.recv(16) == b"y"
+
+
+def test_a_new_rtt_applies_from_the_next_exchange_and_a_shorter_one_reorders_nothing() -> None:
+    """set_rtt: one region's path made slow, then mended, on an open connection."""
+
+    async def scenario() -> tuple[float, float, float, bytes, bytes]:
+        server, port = await _echo_server()
+        proxy = DelayProxy(("127.0.0.1", 0), ("127.0.0.1", port), rtt_ms=20)
+        proxy_port = await proxy.start()
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port)
+
+        async def exchange(line: bytes) -> float:
+            t0 = time.perf_counter()
+            writer.write(line)
+            await writer.drain()
+            await reader.readline()
+            return (time.perf_counter() - t0) * 1000
+
+        before = await exchange(b"a\n")
+        proxy.set_rtt(600)
+        slow = await exchange(b"b\n")
+        # Mended while a chunk is still on its slow way: the next chunk, read under the short
+        # delay, still arrives after it.
+        writer.write(b"slow chunk\n")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        proxy.set_rtt(20)
+        writer.write(b"fast chunk\n")
+        await writer.drain()
+        first, second = await reader.readline(), await reader.readline()
+        after = await exchange(b"c\n")
+        writer.close()
+        assert proxy.server is not None
+        proxy.server.close()
+        server.close()
+        return before, slow, after, first, second
+
+    before, slow, after, first, second = asyncio.run(scenario())
+    assert before < 300, before
+    assert slow >= 600, slow
+    assert after < 300, after
+    assert (first, second) == (b"slow chunk\n", b"fast chunk\n")
