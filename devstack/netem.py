@@ -1,6 +1,7 @@
 """A user-space network delay proxy: how demo regions differ on one machine.
 
-    python -m devstack.netem --listen 127.0.0.1:9101 --target 127.0.0.1:8100 --rtt-ms 80
+    python -m devstack.netem --listen 127.0.0.1:9101 --target 127.0.0.1:8100 --rtt-ms 80 \
+        [--rtt-file var/netem/us-east.rtt-ms]
 
 Every byte from the client reaches the target half a round trip later, and every byte back
 reaches the client half a round trip later, in order (Linux tc netem is not available here).
@@ -17,7 +18,9 @@ the calling process and controls it from there; tests/monitor/test_remote_region
   only a client's own timeouts tell it. `restore()` lets everything through again, in order.
 - `reset()`: every open connection is reset (RST to both ends, nothing more delivered).
 - `set_rtt(ms)`: the path gets slower or faster from the next chunk on (never reordering one
-  connection's bytes): one region's route slow while the others are not.
+  connection's bytes): one region's route slow while the others are not. From the command
+  line, `--rtt-file`: its number replaces --rtt-ms while the file exists (`python -m
+  devstack slow-path` writes it for `make run`'s regions).
 No Django here.
 """
 
@@ -32,6 +35,7 @@ import socket
 import struct
 import threading
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 log = logging.getLogger("devstack.netem")
@@ -239,21 +243,44 @@ def _addr(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def read_rtt_file(path: Path, default_ms: float) -> float:
+    """The round trip a control file asks for (milliseconds), or `default_ms` while it is
+    absent, empty or not a number."""
+    try:
+        return float(path.read_text().strip())
+    except (OSError, ValueError):
+        return default_ms
+
+
+async def _follow(proxy: DelayProxy, path: Path, default_ms: float) -> None:
+    """Apply the control file's round trip, read every half second."""
+    current = default_ms
+    while True:
+        wanted = read_rtt_file(path, default_ms)
+        if wanted != current:
+            proxy.set_rtt(wanted)
+            log.warning("netem: rtt now %g ms (%s)", wanted, path)
+            current = wanted
+        await asyncio.sleep(0.5)
+
+
 async def _main(ns: argparse.Namespace) -> None:
-    proxy = DelayProxy(ns.listen, ns.target, ns.rtt_ms)
+    rtt_ms = read_rtt_file(ns.rtt_file, ns.rtt_ms) if ns.rtt_file else ns.rtt_ms
+    proxy = DelayProxy(ns.listen, ns.target, rtt_ms)
     port = await proxy.start()
-    print(
-        f"netem: 127.0.0.1:{port} -> {ns.target[0]}:{ns.target[1]} rtt {ns.rtt_ms} ms", flush=True
-    )
+    print(f"netem: 127.0.0.1:{port} -> {ns.target[0]}:{ns.target[1]} rtt {rtt_ms} ms", flush=True)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     serving = asyncio.create_task(proxy.serve_forever())
+    following = asyncio.create_task(_follow(proxy, ns.rtt_file, ns.rtt_ms)) if ns.rtt_file else None
     await stop.wait()
-    serving.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await serving
+    for task in (serving, following):
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -263,6 +290,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--listen", type=_addr, required=True, help="HOST:PORT to listen on")
     parser.add_argument("--target", type=_addr, required=True, help="HOST:PORT to forward to")
     parser.add_argument("--rtt-ms", type=float, required=True, help="round-trip time to add")
+    parser.add_argument(
+        "--rtt-file",
+        type=Path,
+        help="a file whose number (ms) replaces --rtt-ms while it exists, read every half "
+        "second: a path made slow, then mended, while the proxy runs",
+    )
     ns = parser.parse_args(argv)
     if ns.listen[0] not in ("127.0.0.1", "localhost", "::1"):
         parser.error("the delay proxy listens on loopback only")
