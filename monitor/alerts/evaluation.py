@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TypedDict
+from typing import TypedDict, TypeVar
 
 from django.urls import reverse
 
@@ -111,6 +111,29 @@ def _needed(rule: AlertRule, total: int) -> int:
     return max(1, min(rule.min_regions, total))
 
 
+V = TypeVar("V")
+
+
+def _seen_in(
+    current: Keyed,
+    route: Route,
+    regions: Sequence[Region],
+    judge: Callable[[Region, Stats], V | None],
+) -> list[tuple[Region, V]]:
+    """The regions whose figures for `route` the rule finds past its line, each with what
+    `judge` made of them (None: not past it); regions without figures are not judged. Every
+    per-route rule counts its K of N on this list."""
+    seen = []
+    for region in regions:
+        stats = current.get((route.pk, region.pk))
+        if stats is None:
+            continue
+        verdict = judge(region, stats)
+        if verdict is not None:
+            seen.append((region, verdict))
+    return seen
+
+
 def evaluate(rule: AlertRule, now: datetime, read: Read | None = None) -> list[Finding]:
     """The subjects `rule` finds breached at `now` (those it does not list are clear); `read`:
     where rollup stats come from (the backtest's rows in memory; default the database)."""
@@ -147,29 +170,29 @@ def _latency(
     absolute = rule.effective_threshold()
     findings = []
     for route in routes:
-        agreeing: list[tuple[Region, Estimate, float]] = []
-        for region in regions:
-            stats = current.get((route.pk, region.pk))
-            if stats is None:
-                continue
+
+        def past(
+            region: Region, stats: Stats, route: Route = route
+        ) -> tuple[Estimate, float] | None:
             est = _estimate(stats, metric, q)
             line = absolute
             if rule.baseline_ratio:
                 before = baseline.get((route.pk, region.pk))
                 base = _estimate(before, metric, q).point if before else None
                 if base is None:
-                    continue  # no baseline to hold it against
+                    return None  # no baseline to hold it against
                 ratio_line = base / rule.baseline_ratio if speed else base * rule.baseline_ratio
                 line = ratio_line if line is None else line
             if line is None:
-                continue
-            past = (
+                return None
+            beyond = (
                 (est.high is not None and est.high < line)
                 if speed
                 else (est.low is not None and est.low > line)
             )
-            if past:
-                agreeing.append((region, est, line))
+            return (est, line) if beyond else None
+
+        agreeing = [(g, est, line) for g, (est, line) in _seen_in(current, route, regions, past)]
         if len(agreeing) >= _needed(rule, len(regions)) and agreeing:
             worst = max(agreeing, key=lambda a: (a[1].low or 0) if not speed else -(a[1].high or 0))
             region, est, line = worst
@@ -232,15 +255,15 @@ def _availability(
 ) -> list[Finding]:
     ceiling = rule.effective_ceiling()
     current = read(now - rule.window(), now, True)
+
+    def past(region: Region, stats: Stats) -> Rate | None:
+        errors = _errors(stats)
+        return errors if errors.low is not None and errors.low > ceiling else None
+
     failing: dict[int, dict[int, Rate]] = {}  # region id -> route id -> its errors
-    for region in regions:
-        for route in routes:
-            stats = current.get((route.pk, region.pk))
-            if stats is None:
-                continue
-            errors = _errors(stats)
-            if errors.low is not None and errors.low > ceiling:
-                failing.setdefault(region.pk, {})[route.pk] = errors
+    for route in routes:
+        for region, errors in _seen_in(current, route, regions, past):
+            failing.setdefault(region.pk, {})[route.pk] = errors
     findings = []
     down = {g for g in regions if len(failing.get(g.pk, {})) == len(routes) and len(routes) > 1}
     for region in sorted(down, key=lambda g: g.slug):
@@ -556,15 +579,13 @@ def _rate_limit(
     ceiling = rule.effective_ceiling()
     current = read(now - rule.window(), now, True)
     findings = []
+
+    def past(region: Region, stats: Stats) -> Rate | None:
+        limited = Rate(stats.error_kinds.get("http_429", 0), stats.count_ok + stats.count_error)
+        return limited if limited.low is not None and limited.low > ceiling else None
+
     for route in routes:
-        agreeing = []
-        for region in regions:
-            stats = current.get((route.pk, region.pk))
-            if stats is None:
-                continue
-            limited = Rate(stats.error_kinds.get("http_429", 0), stats.count_ok + stats.count_error)
-            if limited.low is not None and limited.low > ceiling:
-                agreeing.append((region, limited))
+        agreeing = _seen_in(current, route, regions, past)
         if agreeing and len(agreeing) >= _needed(rule, len(regions)):
             region, rate = agreeing[0]
             findings.append(
@@ -581,6 +602,7 @@ def _rate_limit(
                         threshold=ceiling,
                         regions=sorted(a[0].slug for a in agreeing),
                         regions_total=len(regions),
+                        regions_needed=_needed(rule, len(regions)),
                         why=f"{rate.k} of {rate.n} probes in {region.slug} were refused with "
                         f"HTTP 429, surely more than {ceiling * 100:.0f}%",
                         link=_route_page(route, rule),

@@ -94,7 +94,9 @@ def stack(tmp_path: Path, receiver: Receiver) -> Iterator[tuple[ProcessStack, di
         env = support.child_env(
             connection.settings_dict,
             TICK_SECONDS="1",
-            SLOT_GRACE_SECONDS="3",
+            # A batch reaches a region worker seconds late on a loaded machine (at a load
+            # average of 14 on 2 cores, every batch expired at 3 s of grace).
+            SLOT_GRACE_SECONDS="10",
             ALERT_EVALUATION_SECONDS=str(TICK_S),
             DASHBOARD_REFRESH_SECONDS="3600",
             PROVIDER_ALLOW_PRIVATE_NETWORKS="true",
@@ -113,6 +115,8 @@ def stack(tmp_path: Path, receiver: Receiver) -> Iterator[tuple[ProcessStack, di
                         "RW_WORKER_ONLY": "true",
                         "DATABASE_URL": "",
                         "RW_CONNECT_TO": f"127.0.0.1:{sim.port}=127.0.0.1:{links[slug].port}",
+                        # Its own spool: nothing of another run's (other keys) replayed here.
+                        "RW_SPOOL_DIR": str(tmp_path / f"spool-{slug}"),
                     },
                 )
             s.start("beat", support.celery("beat", "-s", str(tmp_path / "beat.schedule")))
@@ -131,7 +135,7 @@ def _samples_to_breach(fast: int) -> int:
     return next(s for s in range(1, 1000) if (rank_bounds(fast + s, 50)[0] or 0) > fast)
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(600)
 def test_a_route_slow_in_two_regions_of_three_notifies_once_then_resolves_once(
     stack: tuple[ProcessStack, dict[str, Link]], receiver: Receiver
 ) -> None:
