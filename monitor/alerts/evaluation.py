@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TypedDict, TypeVar
+from typing import NamedTuple, TypedDict, TypeVar
 
 from django.urls import reverse
 
@@ -79,6 +79,17 @@ Keyed = dict[tuple[int | None, ...], Stats]
 # Stats of the task's routes over [since, until): per (route id, region id), or per (route id,)
 # with all regions merged (by_region False). Live: the rollups; the backtest: rows in memory.
 Read = Callable[[datetime, datetime, bool], Keyed]
+
+
+class Scope(NamedTuple):
+    """What every rule kind's handler reads: the rule, the moment, the task's active routes
+    and regions, and where rollup stats come from."""
+
+    rule: AlertRule
+    now: datetime
+    routes: Sequence[Route]
+    regions: Sequence[Region]
+    read: Read
 
 
 def _stats(task_id: int, since: datetime, until: datetime, by_region: bool = True) -> Keyed:
@@ -147,16 +158,17 @@ def evaluate(rule: AlertRule, now: datetime, read: Read | None = None) -> list[F
     def live(since: datetime, until: datetime, by_region: bool) -> Keyed:
         return _stats(task_id, since, until, by_region)
 
-    return _HANDLERS[rule.kind](rule, now, routes, regions, read or live)
+    return _HANDLERS[rule.kind](Scope(rule, now, routes, regions, read or live))
 
 
-def _latency(
-    rule: AlertRule,
-    now: datetime,
-    routes: Sequence[Route],
-    regions: Sequence[Region],
-    read: Read,
-) -> list[Finding]:
+def _latency(scope: Scope) -> list[Finding]:
+    rule, now, routes, regions, read = (
+        scope.rule,
+        scope.now,
+        scope.routes,
+        scope.regions,
+        scope.read,
+    )
     metric = rule.effective_metric()
     speed = metric.startswith("tps")
     unit = "tokens/s" if speed else "ms"
@@ -246,13 +258,14 @@ def _errors(stats: Stats) -> Rate:
     return Rate(failed, stats.count_ok + failed)
 
 
-def _availability(
-    rule: AlertRule,
-    now: datetime,
-    routes: Sequence[Route],
-    regions: Sequence[Region],
-    read: Read,
-) -> list[Finding]:
+def _availability(scope: Scope) -> list[Finding]:
+    rule, now, routes, regions, read = (
+        scope.rule,
+        scope.now,
+        scope.routes,
+        scope.regions,
+        scope.read,
+    )
     ceiling = rule.effective_ceiling()
     current = read(now - rule.window(), now, True)
 
@@ -335,13 +348,8 @@ def _availability(
     return findings
 
 
-def _no_winner(
-    rule: AlertRule,
-    now: datetime,
-    routes: Sequence[Route],
-    regions: Sequence[Region],
-    read: Read,
-) -> list[Finding]:
+def _no_winner(scope: Scope) -> list[Finding]:
+    rule, regions = scope.rule, scope.regions
     task = rule.task
     latest = winners.latest([task.pk])
     empty = [
@@ -367,15 +375,10 @@ def _no_winner(
     ]
 
 
-def _winner_changed(
-    rule: AlertRule,
-    now: datetime,
-    routes: Sequence[Route],
-    regions: Sequence[Region],
-    read: Read,
-) -> list[Finding]:
+def _winner_changed(scope: Scope) -> list[Finding]:
     """One event per winner change recorded since the rule was made (the lifecycle keeps
     each subject's event once)."""
+    rule, now = scope.rule, scope.now
     since = max(rule.created_at, now - rule.window())
     changes = WinnerChange.objects.filter(
         task=rule.task, at__gt=since, at__lte=now, route__isnull=False
@@ -396,13 +399,8 @@ def _winner_changed(
     ]
 
 
-def _quality(
-    rule: AlertRule,
-    now: datetime,
-    routes: Sequence[Route],
-    regions: Sequence[Region],
-    read: Read,
-) -> list[Finding]:
+def _quality(scope: Scope) -> list[Finding]:
+    rule, now, routes, read = scope.rule, scope.now, scope.routes, scope.read
     task = rule.task
     merged = read(now - rule.window(), now, False)
     findings = []
@@ -421,15 +419,10 @@ def _quality(
     return findings
 
 
-def _served_model(
-    rule: AlertRule,
-    now: datetime,
-    routes: Sequence[Route],
-    regions: Sequence[Region],
-    read: Read,
-) -> list[Finding]:
+def _served_model(scope: Scope) -> list[Finding]:
     """The model a route's responses name changed within the window (an event per new
     model: `model:<route>:<model>`)."""
+    rule, now, routes = scope.rule, scope.now, scope.routes
     findings = []
     for route in routes:
         seen = list(
@@ -463,14 +456,9 @@ def _served_model(
     return findings
 
 
-def _stale(
-    rule: AlertRule,
-    now: datetime,
-    routes: Sequence[Route],
-    regions: Sequence[Region],
-    read: Read,
-) -> list[Finding]:
+def _stale(scope: Scope) -> list[Finding]:
     """A region with no fresh probe of any of the task's routes: silence is never healthy."""
+    rule, now, regions, read = scope.rule, scope.now, scope.regions, scope.read
     task = rule.task
     stale_after = task.stale_after()
     current = read(now - max(rule.window(), stale_after * 2), now, True)
@@ -502,13 +490,8 @@ def _stale(
     return findings
 
 
-def _missed_slots(
-    rule: AlertRule,
-    now: datetime,
-    routes: Sequence[Route],
-    regions: Sequence[Region],
-    read: Read,
-) -> list[Finding]:
+def _missed_slots(scope: Scope) -> list[Finding]:
+    rule, now, regions = scope.rule, scope.now, scope.regions
     ceiling = rule.effective_ceiling()
     found = health.schedules(now, rule.window(), with_lags=False)
     findings = []
@@ -543,13 +526,8 @@ def _missed_slots(
     return findings
 
 
-def _spend_cap(
-    rule: AlertRule,
-    now: datetime,
-    routes: Sequence[Route],
-    regions: Sequence[Region],
-    read: Read,
-) -> list[Finding]:
+def _spend_cap(scope: Scope) -> list[Finding]:
+    rule, now = scope.rule, scope.now
     state = spend.cap_states([rule.task], now).get(rule.task.pk)
     if state is None:
         return []
@@ -568,14 +546,15 @@ def _spend_cap(
     ]
 
 
-def _rate_limit(
-    rule: AlertRule,
-    now: datetime,
-    routes: Sequence[Route],
-    regions: Sequence[Region],
-    read: Read,
-) -> list[Finding]:
+def _rate_limit(scope: Scope) -> list[Finding]:
     """Headroom: the share of probes answered 429 (rate limited), surely above the line."""
+    rule, now, routes, regions, read = (
+        scope.rule,
+        scope.now,
+        scope.routes,
+        scope.regions,
+        scope.read,
+    )
     ceiling = rule.effective_ceiling()
     current = read(now - rule.window(), now, True)
     findings = []
@@ -612,7 +591,7 @@ def _rate_limit(
     return findings
 
 
-Handler = Callable[[AlertRule, datetime, Sequence[Route], Sequence[Region], Read], list[Finding]]
+Handler = Callable[[Scope], list[Finding]]
 _HANDLERS: dict[str, Handler] = {
     KIND_LATENCY: _latency,
     KIND_AVAILABILITY: _availability,
