@@ -1,6 +1,7 @@
 """A user-space network delay proxy: how demo regions differ on one machine.
 
-    python -m devstack.netem --listen 127.0.0.1:9101 --target 127.0.0.1:8100 --rtt-ms 80
+    python -m devstack.netem --listen 127.0.0.1:9101 --target 127.0.0.1:8100 --rtt-ms 80 \
+        [--rtt-file var/netem/us-east.rtt-ms]
 
 Every byte from the client reaches the target half a round trip later, and every byte back
 reaches the client half a round trip later, in order (Linux tc netem is not available here).
@@ -16,6 +17,10 @@ the calling process and controls it from there; tests/monitor/pipeline/test_remo
   answer (its TLS handshake or first command times out); nothing is refused or reset, so
   only a client's own timeouts tell it. `restore()` lets everything through again, in order.
 - `reset()`: every open connection is reset (RST to both ends, nothing more delivered).
+- `set_rtt(ms)`: the path gets slower or faster from the next chunk on (never reordering one
+  connection's bytes): one region's route slow while the others are not. From the command
+  line, `--rtt-file`: its number replaces --rtt-ms while the file exists (`python -m
+  devstack slow-path` writes it for `make run`'s regions).
 No Django here.
 """
 
@@ -29,7 +34,8 @@ import signal
 import socket
 import struct
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 log = logging.getLogger("devstack.netem")
@@ -49,22 +55,31 @@ def _deliver(writer: asyncio.StreamWriter, data: bytes) -> None:
 async def _pipe(
     reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
-    delay_s: float,
+    delay_s: Callable[[], float],
     path_open: asyncio.Event,
 ) -> None:
-    """Copy reader to writer, each chunk delivered `delay_s` after it was read, in order
-    (timer handles with increasing deadlines run in order). While the path is cut
-    (`path_open` clear) a chunk read waits, and so does everything behind it."""
+    """Copy reader to writer, each chunk delivered `delay_s()` (the delay when it was read)
+    after it was read, in order: never before the chunk ahead of it (timer handles with
+    non-decreasing deadlines run in order), so a delay made shorter mid-stream reorders
+    nothing. While the path is cut (`path_open` clear) a chunk read waits, and so does
+    everything behind it."""
     loop = asyncio.get_running_loop()
+    last = 0.0
+
+    def at() -> float:
+        nonlocal last
+        last = max(last, loop.time() + delay_s())
+        return last
+
     try:
         while data := await reader.read(READ_SIZE):
             await path_open.wait()
-            loop.call_at(loop.time() + delay_s, _deliver, writer, data)
+            loop.call_at(at(), _deliver, writer, data)
     except (ConnectionError, OSError):
         pass
     await path_open.wait()
-    loop.call_at(loop.time() + delay_s, _deliver, writer, b"")
-    await asyncio.sleep(delay_s)
+    loop.call_at(at(), _deliver, writer, b"")
+    await asyncio.sleep(max(0.0, last - loop.time()))
 
 
 def _reset(writer: asyncio.StreamWriter) -> None:
@@ -100,6 +115,14 @@ class DelayProxy:
     def restore(self) -> None:
         self.path_open.set()
 
+    def set_rtt(self, rtt_ms: float) -> None:
+        """A new round-trip time, from the next chunk read on (a slow or mended path: what
+        makes one region's route slow while the others are not)."""
+        self.one_way_s = rtt_ms / 2000.0
+
+    def _one_way_s(self) -> float:
+        return self.one_way_s
+
     def reset(self) -> int:
         """Reset every open connection; returns how many there were."""
         connections = list(self._connections)
@@ -121,8 +144,8 @@ class DelayProxy:
         self._connections.add(pair)
         try:
             await asyncio.gather(
-                _pipe(client_r, upstream_w, self.one_way_s, self.path_open),
-                _pipe(upstream_r, client_w, self.one_way_s, self.path_open),
+                _pipe(client_r, upstream_w, self._one_way_s, self.path_open),
+                _pipe(upstream_r, client_w, self._one_way_s, self.path_open),
             )
         except asyncio.CancelledError:
             # The proxy is stopping: the connection just closes (asyncio would log a
@@ -200,6 +223,12 @@ class Link:
 
         self._call(restore())
 
+    def set_rtt(self, rtt_ms: float) -> None:
+        async def set_rtt() -> None:
+            self.proxy.set_rtt(rtt_ms)
+
+        self._call(set_rtt())
+
     def reset(self) -> int:
         async def reset() -> int:
             return self.proxy.reset()
@@ -214,11 +243,33 @@ def _addr(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def read_rtt_file(path: Path, default_ms: float) -> float:
+    """The round trip a control file asks for (milliseconds), or `default_ms` while it is
+    absent, empty or not a number."""
+    try:
+        return float(path.read_text().strip())
+    except (OSError, ValueError):
+        return default_ms
+
+
+async def _follow(proxy: DelayProxy, path: Path, default_ms: float) -> None:
+    """Apply the control file's round trip, read every half second."""
+    current = default_ms
+    while True:
+        wanted = read_rtt_file(path, default_ms)
+        if wanted != current:
+            proxy.set_rtt(wanted)
+            log.warning("netem: rtt now %g ms (%s)", wanted, path)
+            current = wanted
+        await asyncio.sleep(0.5)
+
+
 async def _main(ns: argparse.Namespace) -> None:
-    proxy = DelayProxy(ns.listen, ns.target, ns.rtt_ms)
+    rtt_ms = read_rtt_file(ns.rtt_file, ns.rtt_ms) if ns.rtt_file else ns.rtt_ms
+    proxy = DelayProxy(ns.listen, ns.target, rtt_ms)
     port = await proxy.start()
     print(
-        f"netem: {ns.listen[0]}:{port} -> {ns.target[0]}:{ns.target[1]} rtt {ns.rtt_ms} ms",
+        f"netem: {ns.listen[0]}:{port} -> {ns.target[0]}:{ns.target[1]} rtt {rtt_ms} ms",
         flush=True,
     )
     loop = asyncio.get_running_loop()
@@ -226,10 +277,13 @@ async def _main(ns: argparse.Namespace) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     serving = asyncio.create_task(proxy.serve_forever())
+    following = asyncio.create_task(_follow(proxy, ns.rtt_file, ns.rtt_ms)) if ns.rtt_file else None
     await stop.wait()
-    serving.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await serving
+    for task in (serving, following):
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -244,6 +298,12 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="allow --listen on an address other than loopback (the host's end of a veth pair "
         "to a network namespace): whatever reaches that address reaches the target",
+    )
+    parser.add_argument(
+        "--rtt-file",
+        type=Path,
+        help="a file whose number (ms) replaces --rtt-ms while it exists, read every half "
+        "second: a path made slow, then mended, while the proxy runs",
     )
     ns = parser.parse_args(argv)
     if ns.listen[0] not in ("127.0.0.1", "localhost", "::1") and not ns.not_loopback:

@@ -339,10 +339,44 @@ def simulator_for_elsewhere(env: dict[str, str], simulator_port: int) -> Child |
     )  # fmt: skip
 
 
+def rtt_file(var_dir: Path, slug: str) -> Path:
+    """The file whose number (ms) replaces a demo region's round trip while it exists
+    (devstack.netem --rtt-file; written by `python -m devstack slow-path`)."""
+    return var_dir / "netem" / f"{slug}.rtt-ms"
+
+
+def slow_path(var_dir: Path, regions: Sequence[str], rtt_ms: float | None) -> int:
+    """Make the demo regions' network paths slow (every route probed from them), or mend
+    them all (rtt_ms None): the running stack's delay proxies take it within a second."""
+    known = [slug for slug, _ in DEMO_REGIONS]
+    unknown = [r for r in regions if r not in known]
+    if unknown:
+        _say(f"unknown region(s) {', '.join(unknown)}; the demo regions are {', '.join(known)}")
+        return 2
+    if rtt_ms is None:
+        for slug in known:
+            rtt_file(var_dir, slug).unlink(missing_ok=True)
+        _say("every demo region's path is back to its usual round trip")
+        return 0
+    if not regions:
+        _say("name the regions to slow, e.g. `slow-path us-east eu-west --rtt-ms 5000`")
+        return 2
+    for slug in regions:
+        path = rtt_file(var_dir, slug)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{rtt_ms:g}\n")
+    _say(
+        f"{', '.join(regions)}: every probe's round trip is now {rtt_ms:g} ms (from the next "
+        f"request); mend with `python -m devstack slow-path --mend`"
+    )
+    return 0
+
+
 def region_workers(
     env: dict[str, str], simulator_port: int, keys: dict[str, str] | None = None
 ) -> list[Child]:
     keys = keys if keys is not None else region_keys(env)
+    var = env.get("RW_VAR_DIR", "")
     children = []
     tls = broker_over_tls(env, simulator_port + TLS_PORT_OFFSET)
     if tls is not None:
@@ -365,6 +399,7 @@ def region_workers(
                     f"127.0.0.1:{simulator_port}",
                     "--rtt-ms",
                     str(rtt_ms),
+                    *(["--rtt-file", str(rtt_file(Path(var), slug))] if var else []),
                 ],
             )
         )
@@ -588,6 +623,8 @@ def _run_stack(stack: Stack, var_dir: Path, port: int, simulator_port: int) -> i
         env, "load_demo", "--simulator", f"http://127.0.0.1:{simulator_port}", "--history", *rtts
     )
 
+    for slug, _ in DEMO_REGIONS:  # a run starts with the usual paths (slow-path --mend)
+        rtt_file(var_dir, slug).unlink(missing_ok=True)
     children = stack_processes(env, port, simulator_port)
     web = next(child for child in children if child.name == "web")
     exit_code = serve(children, env, web=(web, port))
@@ -675,6 +712,19 @@ def main(argv: list[str] | None = None) -> int:
         help=f"the simulator's port; the demo regions' proxies take the next ones, the broker's "
         f"TLS proxy this + {TLS_PORT_OFFSET} (default {SIMULATOR_PORT})",
     )
+    slow_parser = sub.add_parser(
+        "slow-path",
+        help="make demo regions' network paths slow in a running stack (or --mend them)",
+    )
+    slow_parser.add_argument("regions", nargs="*", help="demo regions, e.g. us-east eu-west")
+    slow_parser.add_argument("--rtt-ms", type=float, default=5000.0, help="(default 5000)")
+    slow_parser.add_argument("--mend", action="store_true", help="every path back to usual")
+    slow_parser.add_argument(
+        "--var-dir",
+        type=Path,
+        default=Path(os.environ.get("RW_VAR_DIR") or embedded.DEFAULT_VAR),
+        help="the running stack's (default ./var, or RW_VAR_DIR)",
+    )
     test_parser = sub.add_parser("test", help="run the test suite")
     test_parser.add_argument("args", nargs=argparse.REMAINDER)
     exec_parser = sub.add_parser("exec", help="run a command with the stack's environment")
@@ -688,6 +738,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if ns.command == "run":
             return run(ns.port, ns.var_dir.resolve(), ns.simulator_port)
+        if ns.command == "slow-path":
+            return slow_path(
+                ns.var_dir.resolve(), ns.regions, None if ns.mend else float(ns.rtt_ms)
+            )
         if ns.command == "test":
             return test(rest)
         return exec_(rest)

@@ -17,8 +17,6 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 from django.utils import timezone
 from django.utils.cache import patch_cache_control
-from django.utils.decorators import method_decorator
-from django.views.decorators.debug import sensitive_post_parameters
 
 from monitor import scenario_presets
 from monitor.admin_forms import (
@@ -29,6 +27,7 @@ from monitor.admin_forms import (
     QualityImportForm,
     RegionKeyForm,
     RouteForm,
+    SecretsAdmin,
     TaskForm,
     uploaded,
 )
@@ -72,7 +71,9 @@ def _import_page(
 
 
 @admin.register(Provider)
-class ProviderAdmin(admin.ModelAdmin[Provider]):
+class ProviderAdmin(SecretsAdmin[Provider]):
+    # The typed key kept out of Django's error reports.
+    secret_fields = ("api_key", "aws_access_key_id", "aws_secret_access_key")
     form = ProviderForm
     list_display = ["name", "slug", "wire_format", "base_url", "key_set", "http2", "is_active"]
     list_filter = ["wire_format", "http2", "accepts_msgpack", "is_simulated", "is_active"]
@@ -93,22 +94,10 @@ class ProviderAdmin(admin.ModelAdmin[Provider]):
                 level=messages.WARNING,
             )
 
-    # Keep the typed key out of Django's error reports.
-    @method_decorator(
-        sensitive_post_parameters("api_key", "aws_access_key_id", "aws_secret_access_key")
-    )
-    def changeform_view(
-        self,
-        request: HttpRequest,
-        object_id: str | None = None,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
-        return super().changeform_view(request, object_id, form_url, extra_context)
-
 
 @admin.register(Route)
-class RouteAdmin(admin.ModelAdmin[Route]):
+class RouteAdmin(SecretsAdmin[Route]):
+    secret_fields = ("secret_headers",)
     form = RouteForm
     list_display = [
         "__str__",
@@ -188,16 +177,6 @@ class RouteAdmin(admin.ModelAdmin[Route]):
                 form.add_error(None, str(exc))
         return _import_page(request, self, "Import quality index", form, report)
 
-    @method_decorator(sensitive_post_parameters("secret_headers"))
-    def changeform_view(
-        self,
-        request: HttpRequest,
-        object_id: str | None = None,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
-        return super().changeform_view(request, object_id, form_url, extra_context)
-
 
 class RegionKeyInline(admin.TabularInline[RegionKey, Region]):
     model = RegionKey
@@ -208,7 +187,8 @@ class RegionKeyInline(admin.TabularInline[RegionKey, Region]):
 
 
 @admin.register(Region)
-class RegionAdmin(admin.ModelAdmin[Region]):
+class RegionAdmin(SecretsAdmin[Region]):
+    secret_fields = ()  # every field: its inline's key secrets
     list_display = ["name", "slug", "queue_name", "active_keys", "is_active"]
     list_filter = ["is_active"]
     search_fields = ["name", "slug"]
@@ -218,16 +198,6 @@ class RegionAdmin(admin.ModelAdmin[Region]):
     @admin.display(description="active keys")
     def active_keys(self, obj: Region) -> int:
         return obj.keys.filter(is_active=True).count()
-
-    @method_decorator(sensitive_post_parameters())
-    def changeform_view(
-        self,
-        request: HttpRequest,
-        object_id: str | None = None,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
-        return super().changeform_view(request, object_id, form_url, extra_context)
 
 
 class EvalCaseInline(admin.StackedInline[EvalCase, Task]):

@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, TypeVar
 
 from django import forms
+from django.contrib import admin
 from django.core.files.uploadedfile import UploadedFile
+from django.db.models import Model
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.debug import sensitive_post_parameters
 
 from monitor import headers, presets
 from monitor.imports import eval_cases
@@ -30,6 +34,42 @@ from monitor.models import (
     Route,
     Task,
 )
+
+M = TypeVar("M", bound=Model)
+
+
+def write_only(
+    help_text: str, *, label: str | None = None, autocomplete: str = "new-password", **kw: Any
+) -> forms.CharField:
+    """A secret's field (an API key, secret headers, a channel's URL or signing secret): the
+    widget never renders a value back, and a blank field keeps the stored value."""
+    return forms.CharField(
+        label=label,
+        required=False,
+        strip=True,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": autocomplete}),
+        help_text=help_text,
+        **kw,
+    )
+
+
+class SecretsAdmin(admin.ModelAdmin[M]):
+    """An admin whose change form takes secrets: the POST fields named in `secret_fields`
+    (empty: every field) are kept out of Django's error reports."""
+
+    secret_fields: tuple[str, ...] = ()
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        view = sensitive_post_parameters(*self.secret_fields)(super().changeform_view)
+        response: HttpResponse = view(request, object_id, form_url, extra_context)
+        return response
+
 
 # RFC 9110 token characters: a header name a client library will send as it is.
 HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
@@ -91,29 +131,21 @@ class QualityImportForm(_ImportForm):
 
 class ProviderForm(forms.ModelForm[Provider]):
     # Write-only: the widget never renders a value back, and a blank field keeps the stored key.
-    api_key = forms.CharField(
+    api_key = write_only(
+        "Write-only: stored encrypted, never shown again. Leave blank to keep the current key.",
         label="API key",
-        required=False,
-        strip=True,
-        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
-        help_text="Write-only: stored encrypted, never shown again. Leave blank to keep the current key.",
     )
     clear_api_key = forms.BooleanField(label="Remove the stored API key", required=False)
     # Amazon Bedrock's SigV4 credentials: write-only too, stored encrypted in the key's place.
-    aws_access_key_id = forms.CharField(
+    aws_access_key_id = write_only(
+        "Amazon Bedrock, instead of an API key: with the secret below, requests are signed "
+        "with SigV4. Write-only.",
         label="AWS access key id",
-        required=False,
-        strip=True,
-        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "off"}),
-        help_text="Amazon Bedrock, instead of an API key: with the secret below, requests are "
-        "signed with SigV4. Write-only.",
+        autocomplete="off",
     )
-    aws_secret_access_key = forms.CharField(
+    aws_secret_access_key = write_only(
+        "Write-only: stored encrypted like API keys, never shown again.",
         label="AWS secret access key",
-        required=False,
-        strip=True,
-        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
-        help_text="Write-only: stored encrypted like API keys, never shown again.",
     )
     preset = forms.ChoiceField(
         choices=presets.provider_choices,
@@ -199,13 +231,11 @@ class RouteForm(forms.ModelForm[Route]):
         help_text="Sets the request settings below to what this kind of model needs.",
     )
     # Write-only, like API keys: stored encrypted, never rendered back or logged.
-    secret_headers = forms.CharField(
-        label="secret headers",
-        required=False,
-        strip=True,
-        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "off"}),
-        help_text='A JSON object, e.g. {"api-key": "..."} or a gateway\'s key header. Write-only: '
+    secret_headers = write_only(
+        'A JSON object, e.g. {"api-key": "..."} or a gateway\'s key header. Write-only: '
         "stored encrypted, never shown again. Leave blank to keep the stored headers.",
+        label="secret headers",
+        autocomplete="off",
     )
     clear_secret_headers = forms.BooleanField(
         label="Remove the stored secret headers", required=False
@@ -284,15 +314,12 @@ class RouteForm(forms.ModelForm[Route]):
 
 class RegionKeyForm(forms.ModelForm[RegionKey]):
     # Write-only, like API keys: the region's workers get it as RW_REGION_KEYS=<key id>:<secret>.
-    secret = forms.CharField(
-        required=False,
-        strip=True,
-        min_length=32,
-        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
-        help_text="Write-only: at least 32 characters, e.g. from "
+    secret = write_only(
+        "Write-only: at least 32 characters, e.g. from "
         '`python -c "import secrets; print(secrets.token_urlsafe(32))"`, or run '
         "`manage.py region_key new <slug>`, which makes and prints one. Give it to this "
         "region's workers first (RW_REGION_KEYS), then add it here: the newest active key signs.",
+        min_length=32,
     )
 
     class Meta:

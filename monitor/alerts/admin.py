@@ -16,9 +16,9 @@ from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.decorators import method_decorator
 from django.utils.safestring import SafeString, mark_safe
-from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_POST
 
+from monitor.admin_forms import SecretsAdmin, write_only
 from monitor.alerts import backtest, channels, delivery
 from monitor.alerts.models import (
     CHANNEL_EMAIL,
@@ -38,21 +38,16 @@ from monitor.models import Task
 
 class AlertChannelForm(forms.ModelForm[AlertChannel]):
     # Write-only, like API keys: never rendered back; blank keeps the stored value.
-    target_url = forms.CharField(
-        label="URL",
-        required=False,
-        strip=True,
-        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "off"}),
-        help_text="Webhook: the receiver's URL. Slack, Teams, Discord, PagerDuty, Opsgenie: the "
+    target_url = write_only(
+        "Webhook: the receiver's URL. Slack, Teams, Discord, PagerDuty, Opsgenie: the "
         "service's Apprise URL (slack://T…/B…/X…, workflows://…, discord://id/token, "
         "pagerduty://integration-key@api-key, opsgenie://api-key) or its own webhook URL. "
         "Write-only: stored encrypted, never shown again. Leave blank to keep it.",
+        label="URL",
+        autocomplete="off",
     )
-    signing_secret = forms.CharField(
-        required=False,
-        strip=True,
-        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
-        help_text="Webhook: the HMAC-SHA256 key the receiver checks signatures with "
+    signing_secret = write_only(
+        "Webhook: the HMAC-SHA256 key the receiver checks signatures with "
         "(docs/alerts.md). Write-only. Leave blank to keep it.",
     )
 
@@ -99,21 +94,12 @@ class AlertChannelForm(forms.ModelForm[AlertChannel]):
 
 
 @admin.register(AlertChannel)
-class AlertChannelAdmin(admin.ModelAdmin[AlertChannel]):
+class AlertChannelAdmin(SecretsAdmin[AlertChannel]):
+    secret_fields = ("target_url", "signing_secret")
     form = AlertChannelForm
     list_display = ["name", "kind", "target_host", "email", "is_active"]
     list_filter = ["kind", "is_active"]
     change_form_template = "admin/monitor/alertchannel/change_form.html"
-
-    @method_decorator(sensitive_post_parameters("target_url", "signing_secret"))
-    def changeform_view(
-        self,
-        request: HttpRequest,
-        object_id: str | None = None,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
-        return super().changeform_view(request, object_id, form_url, extra_context)
 
     def get_urls(self) -> list[URLPattern]:
         return [

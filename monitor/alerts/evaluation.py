@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TypedDict
+from typing import NamedTuple, TypedDict, TypeVar
 
 from django.urls import reverse
 
@@ -81,6 +81,17 @@ Keyed = dict[tuple[int | None, ...], Stats]
 Read = Callable[[datetime, datetime, bool], Keyed]
 
 
+class Scope(NamedTuple):
+    """What every rule kind's handler reads: the rule, the moment, the task's active routes
+    and regions, and where rollup stats come from."""
+
+    rule: AlertRule
+    now: datetime
+    routes: Sequence[Route]
+    regions: Sequence[Region]
+    read: Read
+
+
 def _stats(task_id: int, since: datetime, until: datetime, by_region: bool = True) -> Keyed:
     keys = ["route_id", "region_id"] if by_region else ["route_id"]
     return rollups.stats_over(
@@ -111,6 +122,29 @@ def _needed(rule: AlertRule, total: int) -> int:
     return max(1, min(rule.min_regions, total))
 
 
+V = TypeVar("V")
+
+
+def _seen_in(
+    current: Keyed,
+    route: Route,
+    regions: Sequence[Region],
+    judge: Callable[[Region, Stats], V | None],
+) -> list[tuple[Region, V]]:
+    """The regions whose figures for `route` the rule finds past its line, each with what
+    `judge` made of them (None: not past it); regions without figures are not judged. Every
+    per-route rule counts its K of N on this list."""
+    seen = []
+    for region in regions:
+        stats = current.get((route.pk, region.pk))
+        if stats is None:
+            continue
+        verdict = judge(region, stats)
+        if verdict is not None:
+            seen.append((region, verdict))
+    return seen
+
+
 def evaluate(rule: AlertRule, now: datetime, read: Read | None = None) -> list[Finding]:
     """The subjects `rule` finds breached at `now` (those it does not list are clear); `read`:
     where rollup stats come from (the backtest's rows in memory; default the database)."""
@@ -124,16 +158,17 @@ def evaluate(rule: AlertRule, now: datetime, read: Read | None = None) -> list[F
     def live(since: datetime, until: datetime, by_region: bool) -> Keyed:
         return _stats(task_id, since, until, by_region)
 
-    return _HANDLERS[rule.kind](rule, now, routes, regions, read or live)
+    return _HANDLERS[rule.kind](Scope(rule, now, routes, regions, read or live))
 
 
-def _latency(
-    rule: AlertRule,
-    now: datetime,
-    routes: Sequence[Route],
-    regions: Sequence[Region],
-    read: Read,
-) -> list[Finding]:
+def _latency(scope: Scope) -> list[Finding]:
+    rule, now, routes, regions, read = (
+        scope.rule,
+        scope.now,
+        scope.routes,
+        scope.regions,
+        scope.read,
+    )
     metric = rule.effective_metric()
     speed = metric.startswith("tps")
     unit = "tokens/s" if speed else "ms"
@@ -147,29 +182,29 @@ def _latency(
     absolute = rule.effective_threshold()
     findings = []
     for route in routes:
-        agreeing: list[tuple[Region, Estimate, float]] = []
-        for region in regions:
-            stats = current.get((route.pk, region.pk))
-            if stats is None:
-                continue
+
+        def past(
+            region: Region, stats: Stats, route: Route = route
+        ) -> tuple[Estimate, float] | None:
             est = _estimate(stats, metric, q)
             line = absolute
             if rule.baseline_ratio:
                 before = baseline.get((route.pk, region.pk))
                 base = _estimate(before, metric, q).point if before else None
                 if base is None:
-                    continue  # no baseline to hold it against
+                    return None  # no baseline to hold it against
                 ratio_line = base / rule.baseline_ratio if speed else base * rule.baseline_ratio
                 line = ratio_line if line is None else line
             if line is None:
-                continue
-            past = (
+                return None
+            beyond = (
                 (est.high is not None and est.high < line)
                 if speed
                 else (est.low is not None and est.low > line)
             )
-            if past:
-                agreeing.append((region, est, line))
+            return (est, line) if beyond else None
+
+        agreeing = [(g, est, line) for g, (est, line) in _seen_in(current, route, regions, past)]
         if len(agreeing) >= _needed(rule, len(regions)) and agreeing:
             worst = max(agreeing, key=lambda a: (a[1].low or 0) if not speed else -(a[1].high or 0))
             region, est, line = worst
@@ -223,24 +258,25 @@ def _errors(stats: Stats) -> Rate:
     return Rate(failed, stats.count_ok + failed)
 
 
-def _availability(
-    rule: AlertRule,
-    now: datetime,
-    routes: Sequence[Route],
-    regions: Sequence[Region],
-    read: Read,
-) -> list[Finding]:
+def _availability(scope: Scope) -> list[Finding]:
+    rule, now, routes, regions, read = (
+        scope.rule,
+        scope.now,
+        scope.routes,
+        scope.regions,
+        scope.read,
+    )
     ceiling = rule.effective_ceiling()
     current = read(now - rule.window(), now, True)
+
+    def past(region: Region, stats: Stats) -> Rate | None:
+        errors = _errors(stats)
+        return errors if errors.low is not None and errors.low > ceiling else None
+
     failing: dict[int, dict[int, Rate]] = {}  # region id -> route id -> its errors
-    for region in regions:
-        for route in routes:
-            stats = current.get((route.pk, region.pk))
-            if stats is None:
-                continue
-            errors = _errors(stats)
-            if errors.low is not None and errors.low > ceiling:
-                failing.setdefault(region.pk, {})[route.pk] = errors
+    for route in routes:
+        for region, errors in _seen_in(current, route, regions, past):
+            failing.setdefault(region.pk, {})[route.pk] = errors
     findings = []
     down = {g for g in regions if len(failing.get(g.pk, {})) == len(routes) and len(routes) > 1}
     for region in sorted(down, key=lambda g: g.slug):
@@ -312,13 +348,8 @@ def _availability(
     return findings
 
 
-def _no_winner(
-    rule: AlertRule,
-    now: datetime,
-    routes: Sequence[Route],
-    regions: Sequence[Region],
-    read: Read,
-) -> list[Finding]:
+def _no_winner(scope: Scope) -> list[Finding]:
+    rule, regions = scope.rule, scope.regions
     task = rule.task
     latest = winners.latest([task.pk])
     empty = [
@@ -344,15 +375,10 @@ def _no_winner(
     ]
 
 
-def _winner_changed(
-    rule: AlertRule,
-    now: datetime,
-    routes: Sequence[Route],
-    regions: Sequence[Region],
-    read: Read,
-) -> list[Finding]:
+def _winner_changed(scope: Scope) -> list[Finding]:
     """One event per winner change recorded since the rule was made (the lifecycle keeps
     each subject's event once)."""
+    rule, now = scope.rule, scope.now
     since = max(rule.created_at, now - rule.window())
     changes = WinnerChange.objects.filter(
         task=rule.task, at__gt=since, at__lte=now, route__isnull=False
@@ -373,13 +399,8 @@ def _winner_changed(
     ]
 
 
-def _quality(
-    rule: AlertRule,
-    now: datetime,
-    routes: Sequence[Route],
-    regions: Sequence[Region],
-    read: Read,
-) -> list[Finding]:
+def _quality(scope: Scope) -> list[Finding]:
+    rule, now, routes, read = scope.rule, scope.now, scope.routes, scope.read
     task = rule.task
     merged = read(now - rule.window(), now, False)
     findings = []
@@ -398,15 +419,10 @@ def _quality(
     return findings
 
 
-def _served_model(
-    rule: AlertRule,
-    now: datetime,
-    routes: Sequence[Route],
-    regions: Sequence[Region],
-    read: Read,
-) -> list[Finding]:
+def _served_model(scope: Scope) -> list[Finding]:
     """The model a route's responses name changed within the window (an event per new
     model: `model:<route>:<model>`)."""
+    rule, now, routes = scope.rule, scope.now, scope.routes
     findings = []
     for route in routes:
         seen = list(
@@ -440,14 +456,9 @@ def _served_model(
     return findings
 
 
-def _stale(
-    rule: AlertRule,
-    now: datetime,
-    routes: Sequence[Route],
-    regions: Sequence[Region],
-    read: Read,
-) -> list[Finding]:
+def _stale(scope: Scope) -> list[Finding]:
     """A region with no fresh probe of any of the task's routes: silence is never healthy."""
+    rule, now, regions, read = scope.rule, scope.now, scope.regions, scope.read
     task = rule.task
     stale_after = task.stale_after()
     current = read(now - max(rule.window(), stale_after * 2), now, True)
@@ -479,13 +490,8 @@ def _stale(
     return findings
 
 
-def _missed_slots(
-    rule: AlertRule,
-    now: datetime,
-    routes: Sequence[Route],
-    regions: Sequence[Region],
-    read: Read,
-) -> list[Finding]:
+def _missed_slots(scope: Scope) -> list[Finding]:
+    rule, now, regions = scope.rule, scope.now, scope.regions
     ceiling = rule.effective_ceiling()
     found = health.schedules(now, rule.window(), with_lags=False)
     findings = []
@@ -520,13 +526,8 @@ def _missed_slots(
     return findings
 
 
-def _spend_cap(
-    rule: AlertRule,
-    now: datetime,
-    routes: Sequence[Route],
-    regions: Sequence[Region],
-    read: Read,
-) -> list[Finding]:
+def _spend_cap(scope: Scope) -> list[Finding]:
+    rule, now = scope.rule, scope.now
     state = spend.cap_states([rule.task], now).get(rule.task.pk)
     if state is None:
         return []
@@ -545,26 +546,25 @@ def _spend_cap(
     ]
 
 
-def _rate_limit(
-    rule: AlertRule,
-    now: datetime,
-    routes: Sequence[Route],
-    regions: Sequence[Region],
-    read: Read,
-) -> list[Finding]:
+def _rate_limit(scope: Scope) -> list[Finding]:
     """Headroom: the share of probes answered 429 (rate limited), surely above the line."""
+    rule, now, routes, regions, read = (
+        scope.rule,
+        scope.now,
+        scope.routes,
+        scope.regions,
+        scope.read,
+    )
     ceiling = rule.effective_ceiling()
     current = read(now - rule.window(), now, True)
     findings = []
+
+    def past(region: Region, stats: Stats) -> Rate | None:
+        limited = Rate(stats.error_kinds.get("http_429", 0), stats.count_ok + stats.count_error)
+        return limited if limited.low is not None and limited.low > ceiling else None
+
     for route in routes:
-        agreeing = []
-        for region in regions:
-            stats = current.get((route.pk, region.pk))
-            if stats is None:
-                continue
-            limited = Rate(stats.error_kinds.get("http_429", 0), stats.count_ok + stats.count_error)
-            if limited.low is not None and limited.low > ceiling:
-                agreeing.append((region, limited))
+        agreeing = _seen_in(current, route, regions, past)
         if agreeing and len(agreeing) >= _needed(rule, len(regions)):
             region, rate = agreeing[0]
             findings.append(
@@ -581,6 +581,7 @@ def _rate_limit(
                         threshold=ceiling,
                         regions=sorted(a[0].slug for a in agreeing),
                         regions_total=len(regions),
+                        regions_needed=_needed(rule, len(regions)),
                         why=f"{rate.k} of {rate.n} probes in {region.slug} were refused with "
                         f"HTTP 429, surely more than {ceiling * 100:.0f}%",
                         link=_route_page(route, rule),
@@ -590,7 +591,7 @@ def _rate_limit(
     return findings
 
 
-Handler = Callable[[AlertRule, datetime, Sequence[Route], Sequence[Region], Read], list[Finding]]
+Handler = Callable[[Scope], list[Finding]]
 _HANDLERS: dict[str, Handler] = {
     KIND_LATENCY: _latency,
     KIND_AVAILABILITY: _availability,

@@ -153,7 +153,13 @@ def apply(rule: AlertRule, findings: list[Finding], now: datetime) -> tuple[int,
         told = channels if kind != EVENT_ESCALATED else escalation
         if kind == EVENT_RESOLVED and not _was_told(alert):
             quiet = quiet or "nobody was told it fired"
-        event = _event(alert, kind, now, note=(f"not notified: {quiet}" if quiet else note))
+        event = _event(
+            alert,
+            kind,
+            now,
+            note=(f"not notified: {quiet}" if quiet else note),
+            facts=_resolved_facts(alert) if kind == EVENT_RESOLVED else None,
+        )
         events += 1
         if not quiet:
             notes += _notify(event, told, now)
@@ -210,6 +216,19 @@ def _open(rule: AlertRule, finding: Finding, now: datetime, *, state: str) -> Al
         summary=finding.summary[:300],
         facts=dict(finding.facts),
     )
+
+
+def _resolved_facts(alert: Alert) -> dict[str, Any]:
+    """A resolution carries the figures that last breached (what was wrong), saying so: its
+    summary and why must not read as if it still were."""
+    facts = dict(alert.facts)
+    summary = str(facts.get("summary") or alert.summary)
+    facts["summary"] = f"resolved: {summary}"[:300]
+    last = str(facts.get("why", ""))
+    facts["why"] = "resolved: the rule no longer finds this breached" + (
+        f". When it last did: {last}" if last else ""
+    )
+    return facts
 
 
 def _was_told(alert: Alert) -> bool:

@@ -5,13 +5,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from devstack import stack
 from devstack.netem import DelayProxy, Link
+from simulator.testing import free_port
+from tests import support
 
 
 async def _echo_server() -> tuple[asyncio.Server, int]:
@@ -120,3 +126,80 @@ def test_a_reset_sends_an_rst_to_every_open_connection(echo_port: int) -> None:
         again.sendall(b"y")
         again.settimeout(5)
         assert again.recv(16) == b"y"
+
+
+def test_a_new_rtt_applies_from_the_next_exchange_and_a_shorter_one_reorders_nothing() -> None:
+    """set_rtt: one region's path made slow, then mended, on an open connection."""
+
+    async def scenario() -> tuple[float, float, float, bytes, bytes]:
+        server, port = await _echo_server()
+        proxy = DelayProxy(("127.0.0.1", 0), ("127.0.0.1", port), rtt_ms=20)
+        proxy_port = await proxy.start()
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port)
+
+        async def exchange(line: bytes) -> float:
+            t0 = time.perf_counter()
+            writer.write(line)
+            await writer.drain()
+            await reader.readline()
+            return (time.perf_counter() - t0) * 1000
+
+        before = await exchange(b"a\n")
+        proxy.set_rtt(600)
+        slow = await exchange(b"b\n")
+        # Mended while a chunk is still on its slow way: the next chunk, read under the short
+        # delay, still arrives after it.
+        writer.write(b"slow chunk\n")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        proxy.set_rtt(20)
+        writer.write(b"fast chunk\n")
+        await writer.drain()
+        first, second = await reader.readline(), await reader.readline()
+        after = await exchange(b"c\n")
+        writer.close()
+        assert proxy.server is not None
+        proxy.server.close()
+        server.close()
+        return before, slow, after, first, second
+
+    before, slow, after, first, second = asyncio.run(scenario())
+    assert before < 300, before
+    assert slow >= 600, slow
+    assert after < 300, after
+    assert (first, second) == (b"slow chunk\n", b"fast chunk\n")
+
+
+def test_slow_path_slows_a_running_proxy_through_its_rtt_file_and_mend_restores_it(
+    echo_port: int, tmp_path: Path
+) -> None:
+    """`python -m devstack slow-path` on `make run`'s regions: the proxy process follows its
+    --rtt-file (as devstack.stack.region_workers starts it) within a second."""
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "devstack.netem", "--listen", f"127.0.0.1:{port}",
+        "--target", f"127.0.0.1:{echo_port}", "--rtt-ms", "20",
+        "--rtt-file", str(stack.rtt_file(tmp_path, "eu-west")),
+    ]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=stack.ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert "rtt 20.0 ms" in proc.stdout.readline()  # listening
+
+        def exchange() -> float:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                t0 = time.perf_counter()
+                sock.sendall(b"x")
+                assert sock.recv(16) == b"x"
+                return (time.perf_counter() - t0) * 1000
+
+        assert exchange() < 400
+        assert stack.slow_path(tmp_path, ["eu-west", "nowhere"], 800) == 2  # nothing written
+        assert stack.slow_path(tmp_path, ["eu-west"], 800) == 0
+        assert support.wait_until(lambda: exchange() >= 800, 10, 0.1)
+        assert stack.slow_path(tmp_path, [], None) == 0
+        assert not stack.rtt_file(tmp_path, "eu-west").exists()
+        assert support.wait_until(lambda: exchange() < 400, 10, 0.1)
+    finally:
+        proc.terminate()
+        proc.wait(10)

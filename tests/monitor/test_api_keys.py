@@ -244,3 +244,21 @@ def test_log_lines_and_probe_details_are_cleaned_by_one_redactor() -> None:
     assert "a1b2c3d4e5f6a7b8c9d0" not in record.getMessage()
     assert "AIzaSyZZZZZZZZ" not in record.getMessage()
     assert "azure said no" in record.getMessage()
+
+
+@pytest.mark.parametrize(
+    ("model", "hidden"),
+    [
+        ("provider", ("api_key", "aws_access_key_id", "aws_secret_access_key")),
+        ("route", ("secret_headers",)),
+        ("region", "__ALL__"),  # its inline's key secrets: every field
+        ("alertchannel", ("target_url", "signing_secret")),
+    ],
+)
+def test_every_admin_that_takes_secrets_keeps_them_out_of_error_reports(
+    admin_client: Client, model: str, hidden: tuple[str, ...] | str
+) -> None:
+    """What Django's error reports (and its request logging with DEBUG) leave out."""
+    response = admin_client.post(reverse(f"admin:monitor_{model}_add"), {"name": ""})
+    assert response.status_code == 200  # the form again, with its errors
+    assert response.wsgi_request.sensitive_post_parameters == hidden  # type: ignore[attr-defined]

@@ -9,6 +9,7 @@ import hashlib
 import hmac
 import json
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -20,7 +21,9 @@ import pytest
 from monitor.alerts.models import (
     CHANNEL_WEBHOOK,
     KIND_LATENCY,
+    Alert,
     AlertChannel,
+    AlertNotification,
     AlertRule,
 )
 from monitor.models import Region, Route, Task
@@ -38,6 +41,7 @@ class Received:
     path: str
     headers: dict[str, str]
     body: bytes
+    at: float = field(default_factory=time.monotonic)  # when it arrived
 
     @property
     def json(self) -> Any:
@@ -165,6 +169,17 @@ def webhook(receiver: Receiver, name: str = "ops hook") -> AlertChannel:
     c.set_secret(SECRET)
     c.save()
     return c
+
+
+def assert_fired_then_resolved_once() -> None:
+    """The one alert went pending, fired and resolved, and every notification was sent."""
+    alert = Alert.objects.get()
+    assert list(alert.events.order_by("at", "pk").values_list("kind", flat=True)) == [
+        "pending",
+        "fired",
+        "resolved",
+    ]
+    assert set(AlertNotification.objects.values_list("status", flat=True)) == {"sent"}
 
 
 def latency_rule(s: Setup, *channels: AlertChannel, **kw: Any) -> AlertRule:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from monitor.alerts import evaluation
-from monitor.alerts.models import KIND_AVAILABILITY, KIND_NO_WINNER, AlertRule
+from monitor.alerts.models import KIND_AVAILABILITY, KIND_NO_WINNER, KIND_RATE_LIMIT, AlertRule
 from monitor.models import WinnerChange
 from tests.monitor import factories as f
 from tests.monitor.alerts.conftest import NOW, Setup, latency_rule, probes, write
@@ -137,3 +137,24 @@ def test_no_route_qualifying_in_k_regions_is_one_decision_finding(setup: Setup) 
     assert finding.subject == "task"
     assert finding.facts["regions"] == ["eu-west", "us-east"]
     assert "all fail" in finding.facts["why"]
+
+
+def test_a_route_rate_limited_in_two_regions_is_one_finding_saying_how_many_must_agree(
+    setup: Setup,
+) -> None:
+    s = setup
+    us, eu, ap = s.regions
+    for region in (us, eu):
+        write(probes(s, s.other, region, NOW, 20, outcome="error", error_kind="http_429"))
+    write(probes(s, s.other, ap, NOW, 20) + probes(s, s.fast, us, NOW, 20))
+    rule = AlertRule.objects.create(task=s.task, kind=KIND_RATE_LIMIT)
+
+    [finding] = evaluation.evaluate(rule, NOW)
+
+    assert finding.subject == f"route:{s.other.pk}"
+    assert finding.facts["regions"] == ["eu-west", "us-east"]
+    assert (finding.facts["regions_total"], finding.facts["regions_needed"]) == (3, 2)
+    assert "were refused with HTTP 429" in finding.facts["why"]
+    # One region alone is not enough.
+    rule.min_regions = 3
+    assert evaluation.evaluate(rule, NOW) == []

@@ -93,6 +93,10 @@ def test_an_alert_fires_once_after_its_minimum_duration_and_resolves_once(
     assert body["ack_url"]
     assert resolved.json["event"] == "resolved"
     assert resolved.json["dedup_key"] == body["dedup_key"]
+    # It says it is over, then what was wrong (not, as it did, only the breach's own words).
+    assert resolved.json["summary"].startswith("resolved: ")
+    assert resolved.json["why"].startswith("resolved: the rule no longer finds this breached.")
+    assert body["why"] in resolved.json["why"]
     assert fired.headers["X-Routewatch-Delivery"] != resolved.headers["X-Routewatch-Delivery"]
 
 
