@@ -104,7 +104,7 @@ def stack(tmp_path: Path) -> Iterator[tuple[str, SimulatorProcess, list[Region]]
     env = support.child_env(
         connection.settings_dict,
         TICK_SECONDS="1",
-        SLOT_GRACE_SECONDS="3",
+        SLOT_GRACE_SECONDS="10",  # a batch expires at its first slot + grace: room on a loaded machine
         PROVIDER_ALLOW_PRIVATE_NETWORKS="true",
     )
     port = free_port()
