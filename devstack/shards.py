@@ -83,10 +83,10 @@ def run(
                 proc.wait()
         for stop in reversed(stops):
             stop()
-    for name, _, log in procs:
-        if log is not None:
+    for name, _, kept in procs:
+        if kept is not None:
             sys.stdout.write(f"\n===== the {name} shard =====\n")
-            sys.stdout.write(log.read_text(errors="replace"))
+            sys.stdout.write(kept.read_text(errors="replace"))
     summary = ", ".join(
         f"{name}: {'passed' if code == 0 else f'exit {code}'}" for name, code in codes.items()
     )

@@ -2,7 +2,7 @@
 takes over, or calls up, what another one left.
 
 The "stack" here is a supervisor program doing what `run` does (devstack.lifetime.take_over,
-then devstack.stack.serve) with small stand-in children, killed or hung up from outside.
+then devstack.supervision.serve) with small stand-in children, killed or hung up from outside.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from devstack import lifetime, stack
+from devstack import lifetime, stack, supervision
 from tests.support import ROOT
 
 pytestmark = pytest.mark.fault
@@ -53,18 +53,18 @@ SUPERVISOR = textwrap.dedent(
     """
     import fcntl, os, sys, termios
     from pathlib import Path
-    from devstack import lifetime, stack
+    from devstack import lifetime, stack, supervision
     here, child_code, grandchild = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     if sys.argv[4:] == ["tty"]:
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-    with lifetime.take_over(here / "var", {}, 0, stack._say) as claim:
+    with lifetime.take_over(here / "var", {}, 0, supervision._say) as claim:
         claim.record_embedded(["REDIS_URL"])
         env = {lifetime.TOKEN_VAR: claim.token}
         children = [
-            stack.Child("one", [sys.executable, "-c", child_code, str(here)]),
-            stack.Child("two", [sys.executable, "-c", child_code, str(here), grandchild]),
+            supervision.Child("one", [sys.executable, "-c", child_code, str(here)]),
+            supervision.Child("two", [sys.executable, "-c", child_code, str(here), grandchild]),
         ]
-        sys.exit(stack.serve(children, env))
+        sys.exit(supervision.serve(children, env))
     """
 )
 
@@ -240,14 +240,14 @@ def test_a_server_it_did_not_start_is_never_said_to_be_up(
     not from the web server started here (still trying to bind, as gunicorn does)."""
     impostor, port = _holder(healthz=True)
     spawned.append(impostor.pid)
-    web = stack.Child("web", [sys.executable, "-c", "import time; time.sleep(120)"])
-    stack._start_child(web, {})
+    web = supervision.Child("web", [sys.executable, "-c", "import time; time.sleep(120)"])
+    supervision._start_child(web, {})
     assert web.proc is not None
     spawned.append(web.proc.pid)
     try:
-        up = stack._announce_web(web, port, threading.Event(), timeout_s=3)
+        up = supervision._announce_web(web, port, threading.Event(), timeout_s=3)
     finally:
-        stack._stop_children([web], wait_s=5)
+        supervision._stop_children([web], wait_s=5)
 
     said = capsys.readouterr().out
     assert not up
@@ -267,11 +267,11 @@ class Ok(http.server.BaseHTTPRequestHandler):
         self.end_headers()
 http.server.HTTPServer(("127.0.0.1", {port}), Ok).serve_forever()
 """
-    web = stack.Child("web", [sys.executable, "-c", code])
-    stack._start_child(web, {})
+    web = supervision.Child("web", [sys.executable, "-c", code])
+    supervision._start_child(web, {})
     try:
-        up = stack._announce_web(web, port, threading.Event(), timeout_s=30)
+        up = supervision._announce_web(web, port, threading.Event(), timeout_s=30)
     finally:
-        stack._stop_children([web], wait_s=5)
+        supervision._stop_children([web], wait_s=5)
     assert up
     assert f"Routewatch is up: http://localhost:{port}/" in capsys.readouterr().out

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from devstack import stack
+from devstack import supervision
 
 
-def _counting_child(tmp: Path, name: str, *, exit_after_s: float) -> stack.Child:
+def _counting_child(tmp: Path, name: str, *, exit_after_s: float) -> supervision.Child:
     """A child that appends a line to its file each time it starts, then exits with status 3
     after `exit_after_s` (or runs until stopped when that is long)."""
     marker = tmp / f"{name}.starts"
@@ -27,7 +27,7 @@ def _counting_child(tmp: Path, name: str, *, exit_after_s: float) -> stack.Child
         f"time.sleep({exit_after_s})\n"
         "sys.exit(3)\n"
     )
-    return stack.Child(name, [sys.executable, "-c", code])
+    return supervision.Child(name, [sys.executable, "-c", code])
 
 
 def _starts(tmp: Path, name: str) -> int:
@@ -40,10 +40,12 @@ def test_a_child_that_exits_is_started_again_and_the_others_keep_running(tmp_pat
     steady = _counting_child(tmp_path, "steady", exit_after_s=60)
     children = [flaky, steady]
     for child in children:
-        stack._start_child(child, {})
+        supervision._start_child(child, {})
     stopping = threading.Event()
     result: list[int] = []
-    runner = threading.Thread(target=lambda: result.append(stack.supervise(children, {}, stopping)))
+    runner = threading.Thread(
+        target=lambda: result.append(supervision.supervise(children, {}, stopping))
+    )
     runner.start()
     try:
         # Two restarts of the flaky child: below the crash-loop limit of five exits.
@@ -54,7 +56,7 @@ def test_a_child_that_exits_is_started_again_and_the_others_keep_running(tmp_pat
         stopping.set()
         runner.join(10)
     finally:
-        stack._stop_children(children)
+        supervision._stop_children(children)
     assert _starts(tmp_path, "flaky") >= 3
     assert _starts(tmp_path, "steady") == 1  # never restarted: it never exited
     assert result == [0]  # stopped on request, not by a crash loop
@@ -65,15 +67,15 @@ def test_a_crash_loop_stops_everything(tmp_path: Path) -> None:
     steady = _counting_child(tmp_path, "steady", exit_after_s=60)
     children = [crashing, steady]
     for child in children:
-        stack._start_child(child, {})
+        supervision._start_child(child, {})
     stopping = threading.Event()
     try:
-        code = stack.supervise(children, {}, stopping)
+        code = supervision.supervise(children, {}, stopping)
     finally:
-        stack._stop_children(children)
+        supervision._stop_children(children)
     assert code == 1
     assert stopping.is_set()
-    assert _starts(tmp_path, "crashing") == stack.CRASH_LOOP_EXITS
+    assert _starts(tmp_path, "crashing") == supervision.CRASH_LOOP_EXITS
     assert steady.proc is not None
     assert steady.proc.returncode is not None  # stopped with the rest
 
@@ -101,8 +103,8 @@ def test_stopping_lets_workers_finish_first_and_leaves_nothing_behind(tmp_path: 
         ".write('pool got SIGTERM\\n'))\n"
         "time.sleep(120)\n"
     )
-    proxy = stack.Child("proxy", [sys.executable, "-c", "import time; time.sleep(120)"])
-    stack._start_child(proxy, {})
+    proxy = supervision.Child("proxy", [sys.executable, "-c", "import time; time.sleep(120)"])
+    supervision._start_child(proxy, {})
     assert proxy.proc is not None
     # A "worker": starts a pool process in its group; on SIGTERM takes 1 s to finish its task,
     # notes whether the proxy still runs then, and exits without stopping its pool process.
@@ -118,15 +120,15 @@ def test_stopping_lets_workers_finish_first_and_leaves_nothing_behind(tmp_path: 
         f"alive = os.path.exists('/proc/{proxy.proc.pid}')\n"
         f"pathlib.Path({str(report)!r}).open('a').write(f'proxy alive: {{alive}}\\n')\n"
     )
-    worker = stack.Child("worker", [sys.executable, "-c", worker_code], stop_first=True)
-    stack._start_child(worker, {})
+    worker = supervision.Child("worker", [sys.executable, "-c", worker_code], stop_first=True)
+    supervision._start_child(worker, {})
     for _ in range(100):
         if pool_pid.exists() and pool_pid.read_text():
             break
         time.sleep(0.05)
     pid = int(pool_pid.read_text())
     time.sleep(0.3)  # the pool process has set its handler
-    stack._stop_children([proxy, worker])
+    supervision._stop_children([proxy, worker])
     assert report.read_text().splitlines() == ["proxy alive: True"]
     assert worker.proc is not None
     assert worker.proc.returncode == 0
@@ -141,7 +143,7 @@ def test_stopping_lets_workers_finish_first_and_leaves_nothing_behind(tmp_path: 
 def test_a_child_that_ignores_the_stop_is_named_and_killed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    stubborn = stack.Child(
+    stubborn = supervision.Child(
         "stubborn",
         [
             sys.executable,
@@ -150,11 +152,11 @@ def test_a_child_that_ignores_the_stop_is_named_and_killed(
         ],
         stop_first=True,
     )
-    polite = stack.Child("polite", [sys.executable, "-c", "import time; time.sleep(120)"])
+    polite = supervision.Child("polite", [sys.executable, "-c", "import time; time.sleep(120)"])
     for child in (stubborn, polite):
-        stack._start_child(child, {})
+        supervision._start_child(child, {})
     time.sleep(0.5)  # the handler is set
-    stack._stop_children([stubborn, polite], wait_s=1)
+    supervision._stop_children([stubborn, polite], wait_s=1)
     out = capsys.readouterr()
     said = out.out + out.err
     assert "stubborn did not stop within 1 s" in said
