@@ -320,7 +320,19 @@ class SimulatorApp:
             thinking=shaped.thinking,
             options=shaped.options,
         )
-        await self._send(provider, wire, ctx, responder, truth, headers)
+        if "stall_headers" in faults:
+            await responder.wait_closed()
+            return
+        if provider.headers_after_queue:
+            await asyncio.sleep(max(0.0, truth.received_at + plan.queue_s - _clock()))
+        if truth.stream:
+            self.active_streams += 1
+            try:
+                await self._stream(wire, ctx, responder, truth, headers)
+            finally:
+                self.active_streams -= 1
+        else:
+            await self._whole(wire, ctx, responder, truth, headers)
 
     def _admit(
         self,
@@ -384,30 +396,6 @@ class SimulatorApp:
         if provider.allow_fault_header and "[sim-delay-ms:" in prompt.text:
             plan.hold_back(self._prompt_delay_s(prompt.text))
         return plan
-
-    async def _send(
-        self,
-        provider: Provider,
-        wire: WireFormat,
-        ctx: StreamContext,
-        responder: Responder,
-        truth: Truth,
-        headers: list[tuple[str, str]],
-    ) -> None:
-        """The response, streamed or whole, once its headers may go (stall_headers: never)."""
-        if "stall_headers" in ctx.faults:
-            await responder.wait_closed()
-            return
-        if provider.headers_after_queue:
-            await asyncio.sleep(max(0.0, truth.received_at + ctx.plan.queue_s - _clock()))
-        if truth.stream:
-            self.active_streams += 1
-            try:
-                await self._stream(wire, ctx, responder, truth, headers)
-            finally:
-                self.active_streams -= 1
-        else:
-            await self._whole(wire, ctx, responder, truth, headers)
 
     async def _whole(
         self,
