@@ -179,6 +179,18 @@ def _header(text: str) -> tuple[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    ns = parser.parse_args(argv)
+    if ns.count < 1 or ns.concurrency < 1:
+        parser.error("--count and --concurrency must be at least 1")
+    api_key, secret_headers, aws = _secrets(parser, ns)
+    results = asyncio.run(_run(ns, api_key, secret_headers, aws))
+    if not ns.json:
+        print(summary(results))
+    return 0 if all(r.ok for r in results) else 1
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m probes", description="Probe an LLM API route.")
     parser.add_argument(
         "--url",
@@ -197,6 +209,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=256, help="the output cap")
     parser.add_argument("--prompt", default="Write two sentences about latency.")
     parser.add_argument("--system", default="", help="system prompt")
+    _add_request_settings(parser)
+    parser.add_argument("-n", "--count", type=int, default=1)
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument(
+        "--window",
+        type=float,
+        default=1.0,
+        help="spread each batch's starts over this many seconds",
+    )
+    parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--first-token-timeout", type=float, default=60.0)
+    parser.add_argument("--ca", help="CA bundle for TLS verification")
+    parser.add_argument("--json", action="store_true", help="one JSON object per probe")
+    return parser
+
+
+def _add_request_settings(parser: argparse.ArgumentParser) -> None:
+    """The options that change the request as a route's settings would."""
     settings = parser.add_argument_group("request settings (as the route would send them)")
     settings.add_argument(
         "--token-limit-param",
@@ -236,21 +266,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME:ENVVAR",
         help="a header whose value is read from an environment variable and never shown",
     )
-    parser.add_argument("-n", "--count", type=int, default=1)
-    parser.add_argument("--concurrency", type=int, default=1)
-    parser.add_argument(
-        "--window",
-        type=float,
-        default=1.0,
-        help="spread each batch's starts over this many seconds",
-    )
-    parser.add_argument("--timeout", type=float, default=120.0)
-    parser.add_argument("--first-token-timeout", type=float, default=60.0)
-    parser.add_argument("--ca", help="CA bundle for TLS verification")
-    parser.add_argument("--json", action="store_true", help="one JSON object per probe")
-    ns = parser.parse_args(argv)
-    if ns.count < 1 or ns.concurrency < 1:
-        parser.error("--count and --concurrency must be at least 1")
+
+
+def _secrets(
+    parser: argparse.ArgumentParser, ns: argparse.Namespace
+) -> tuple[str, dict[str, str], dict[str, str]]:
+    """The key, the secret headers and Bedrock's AWS credentials, from environment variables
+    only (a bad or missing one stops with the parser's error)."""
     api_key = ""
     if ns.api_key_env:
         api_key = os.environ.get(ns.api_key_env, "")
@@ -275,10 +297,7 @@ def main(argv: list[str] | None = None) -> int:
                 "bedrock: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or --api-key-env "
                 "naming a Bedrock API key"
             )
-    results = asyncio.run(_run(ns, api_key, secret_headers, aws))
-    if not ns.json:
-        print(summary(results))
-    return 0 if all(r.ok for r in results) else 1
+    return api_key, secret_headers, aws
 
 
 if __name__ == "__main__":

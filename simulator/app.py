@@ -22,31 +22,25 @@ import json
 import os
 import random
 import re
-import statistics
 import time
-from array import array
 from collections import OrderedDict, deque
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 
 from simulator import generation
-from simulator.config import FAULTS, Config, Provider
+from simulator.config import FAULTS, Config, Profile, Provider
 from simulator.formats import FORMATS
-from simulator.profiles import PROFILES
+from simulator.player import Player, Truth
+from simulator.profiles import PROFILES, ShapedRequest
 from simulator.server import Request, Responder
 from simulator.wire import (
-    ABORT,
-    ANSWER,
-    END,
     FRAME,
     REASONING,
     Endpoint,
     HttpError,
     Limits,
-    Step,
+    Prompt,
     StreamContext,
     WireFormat,
 )
@@ -58,53 +52,7 @@ TOKENIZE_INLINE_CHARS = 20_000
 # A fault named in the prompt, like the x-sim-fault header (providers that allow it).
 PROMPT_FAULT = re.compile(r"\[sim-fault:\s*([a-z0-9_]+)\s*\]")
 PROMPT_DELAY = re.compile(r"\[sim-delay-ms:\s*(\d{1,6})\s*\]")
-# A timer may fire up to this early (uvloop timers have 1 ms resolution); earlier, it re-arms.
-EARLY_S = 0.0002
 _clock = time.perf_counter
-
-
-@dataclass
-class Truth:
-    """What the server did for one request, on the perf_counter clock (seconds)."""
-
-    id: str
-    provider: str
-    model: str
-    http_version: str
-    received_at: float
-    status: int = 200
-    stream: bool = False
-    headers_sent_at: float | None = None
-    first_token_at: float | None = None
-    first_answer_token_at: float | None = None
-    last_token_at: float | None = None
-    end_at: float | None = None
-    output_tokens: int = 0  # billed (as usage reports them), so far
-    reasoning_tokens: int = 0  # billed reasoning, shown or hidden
-    streamed_tokens: int = 0  # sent to the client (a whole body: the tokens it shows)
-    hidden_tokens: int = 0  # billed but never sent (hidden reasoning, unsummarized thinking)
-    input_tokens: int = 0
-    cached_tokens: int = 0
-    cache_creation_tokens: int = 0
-    service_tier: str | None = None
-    server_ms: float | None = None  # the provider's own time, as its response reports it
-    correct: bool | None = None
-    faults: list[str] = field(default_factory=list)
-    # The request's settings as its model profile read them (Responses: store, obfuscation;
-    # Gemini: chunk_tokens; Bedrock: latency).
-    options: dict[str, Any] = field(default_factory=dict)
-    planned_ttft_ms: float | None = None
-    planned_tokens_per_s: float | None = None
-    token_times: array[float] = field(default_factory=lambda: array("d"))
-    send_lags_ms: array[float] = field(default_factory=lambda: array("d"))
-
-    def to_json(self) -> dict[str, Any]:
-        data = {k: v for k, v in self.__dict__.items() if not isinstance(v, array)}
-        data["token_times"] = self.token_times.tolist()
-        lags = self.send_lags_ms
-        data["send_lag_p50_ms"] = statistics.median(lags) if lags else None
-        data["send_lag_max_ms"] = max(lags) if lags else None
-        return data
 
 
 def _percentiles(values: list[float]) -> dict[str, float | int | None]:
@@ -120,110 +68,6 @@ def _percentiles(values: list[float]) -> dict[str, float | int | None]:
         "p99": pick(0.99),
         "max": values[-1] if values else None,
     }
-
-
-class Player:
-    """Sends one stream's steps at their target times, driven by loop timers.
-
-    Callbacks rather than a coroutine per token: at 25k tokens/s an `await asyncio.sleep` per
-    token (a future, a task step) costs more than the send itself.
-    """
-
-    def __init__(
-        self,
-        responder: Responder,
-        steps: Iterator[Step],
-        truth: Truth,
-        lags: deque[float],
-        hidden_before: list[int] | None = None,
-        final: tuple[int, int, int] | None = None,
-    ) -> None:
-        self.responder = responder
-        self.steps = steps
-        self.truth = truth
-        self.lags = lags
-        # Billed tokens generated unseen before each sent token, and the totals (output,
-        # reasoning, hidden) to record when the stream completes.
-        self.hidden_before = hidden_before
-        self.final = final
-        self.last_sent = 0.0
-        self.loop = asyncio.get_running_loop()
-        self.done: asyncio.Future[None] = self.loop.create_future()
-        self.step: Step | None = None
-        self.handle: asyncio.TimerHandle | asyncio.Handle | None = None
-        responder.on_close(self._closed)
-
-    def start(self) -> None:
-        self.handle = self.loop.call_soon(self._run)
-
-    def _closed(self) -> None:
-        if self.handle is not None:
-            self.handle.cancel()
-        self._finish()
-
-    def _finish(self) -> None:
-        if not self.done.done():
-            self.done.set_result(None)
-
-    def _run(self) -> None:
-        self.handle = None
-        responder, truth = self.responder, self.truth
-        while not responder.closed:
-            if self.step is None:
-                self.step = next(self.steps, None)
-                if self.step is None:
-                    return self._end()
-            at, data, kind = self.step
-            if at is not None:
-                wait = at - _clock()
-                if wait > EARLY_S:
-                    self.handle = self.loop.call_later(wait, self._run)
-                    return None
-            self.step = None
-            if kind == FRAME:
-                responder.write(data)
-                continue
-            if kind >= END:
-                if kind == END:
-                    return self._end()
-                if kind == ABORT:
-                    truth.end_at = _clock()
-                    responder.abort()
-                return None  # STALL: send nothing more; done when the client leaves
-            # A token step without bytes came in the previous step's chunk (a chunk of many
-            # tokens, Gemini): it arrived when that chunk did.
-            sent = responder.write(data) if data else self.last_sent
-            self.last_sent = sent
-            if at is not None:
-                lag_ms = (sent - at) * 1000.0
-                self.lags.append(lag_ms)
-                truth.send_lags_ms.append(lag_ms)
-            truth.token_times.append(sent)
-            if truth.first_token_at is None:
-                truth.first_token_at = sent
-            if kind == ANSWER:
-                if truth.first_answer_token_at is None:
-                    truth.first_answer_token_at = sent
-            else:
-                truth.reasoning_tokens += 1
-            truth.last_token_at = sent
-            truth.output_tokens += 1
-            if self.hidden_before is not None:
-                hidden = self.hidden_before[truth.streamed_tokens]
-                truth.hidden_tokens += hidden
-                truth.reasoning_tokens += hidden
-                truth.output_tokens += hidden
-            truth.streamed_tokens += 1
-        return None
-
-    def _end(self) -> None:
-        if self.final is not None:
-            truth = self.truth
-            truth.output_tokens, truth.reasoning_tokens, truth.hidden_tokens = self.final
-        # Stamped just before the last bytes are handed over (Responder.end), like every other
-        # stamp: a stamp taken after could come later than the client saw them arrive.
-        self.truth.end_at = self.responder.end()
-        self._finish()
 
 
 _ids = itertools.count(1)
@@ -454,47 +298,10 @@ class SimulatorApp:
             truth.faults = sorted(faults)
         tokens, block_ends = await self._tokens(wire, prompt.parts)
         truth.input_tokens = len(tokens)
-
-        limiter = self.limits[provider.slug]
-        usage = limiter.check(len(tokens), shaped.shape.max_tokens)
-        allowed, retry_after_s = usage.allowed, usage.retry_after_s
-        if "http_429" in faults:
-            allowed, retry_after_s = False, max(retry_after_s, 1.0)
-        # Extends the caller's list: a 429 raised below carries these headers too.
-        limits = Limits.of(provider, usage, inf="ratelimit_inf" in faults)
-        headers.extend(wire.limit_headers(limits))
-        if not allowed:
-            raise HttpError(
-                429,
-                "Rate limit reached for requests. Please try again later.",
-                code="rate_limit_exceeded",
-                headers=[("retry-after", f"{max(1, round(retry_after_s))}")],
-            )
-        if "http_500" in faults:
-            raise HttpError(500, "The server had an error while processing your request.")
-        if "http_503" in faults:
-            raise HttpError(503, "The engine is currently overloaded, please try again later.")
-        if "http_529" in faults:
-            raise HttpError(529, "Overloaded")
-
-        seed = request.headers.get("x-sim-seed", "").strip()
-        rng = random.Random(int(seed)) if seed.lstrip("-").isdigit() else self.rng
-        created = 0
-        if wire.explicit_cache:
-            cached, created = self.breakpoint_caches[provider.slug].lookup_and_store(
-                profile.id, tokens, block_ends, prompt.breakpoints, profile.min_cacheable_tokens
-            )
-        else:
-            cached = self.caches[provider.slug].lookup_and_store(profile.id, tokens)
-        shape = shaped.shape
-        plan = generation.plan(
-            profile, prompt.text, shape.max_tokens, cached, len(tokens), rng, shape
-        )
-        plan.cache_creation_tokens = created
-        if provider.allow_fault_header and "[sim-delay-ms:" in prompt.text:
-            plan.hold_back(self._prompt_delay_s(prompt.text))
-        truth.cached_tokens = cached
-        truth.cache_creation_tokens = created
+        self._admit(provider, wire, faults, len(tokens), shaped.shape.max_tokens, headers)
+        plan = self._plan(provider, wire, profile, prompt, tokens, block_ends, shaped, request)
+        truth.cached_tokens = plan.cached_tokens
+        truth.cache_creation_tokens = plan.cache_creation_tokens
         truth.service_tier = plan.service_tier
         truth.options = dict(shaped.options)
         truth.correct = plan.correct
@@ -526,6 +333,69 @@ class SimulatorApp:
                 self.active_streams -= 1
         else:
             await self._whole(wire, ctx, responder, truth, headers)
+
+    def _admit(
+        self,
+        provider: Provider,
+        wire: WireFormat,
+        faults: frozenset[str],
+        input_tokens: int,
+        max_tokens: int,
+        headers: list[tuple[str, str]],
+    ) -> None:
+        """Count the request against the provider's rate limits and add their headers to
+        `headers` (a 429 raised here or later carries them too); an HttpError where the limits
+        or an injected fault refuse it."""
+        usage = self.limits[provider.slug].check(input_tokens, max_tokens)
+        allowed, retry_after_s = usage.allowed, usage.retry_after_s
+        if "http_429" in faults:
+            allowed, retry_after_s = False, max(retry_after_s, 1.0)
+        limits = Limits.of(provider, usage, inf="ratelimit_inf" in faults)
+        headers.extend(wire.limit_headers(limits))
+        if not allowed:
+            raise HttpError(
+                429,
+                "Rate limit reached for requests. Please try again later.",
+                code="rate_limit_exceeded",
+                headers=[("retry-after", f"{max(1, round(retry_after_s))}")],
+            )
+        if "http_500" in faults:
+            raise HttpError(500, "The server had an error while processing your request.")
+        if "http_503" in faults:
+            raise HttpError(503, "The engine is currently overloaded, please try again later.")
+        if "http_529" in faults:
+            raise HttpError(529, "Overloaded")
+
+    def _plan(
+        self,
+        provider: Provider,
+        wire: WireFormat,
+        profile: Profile,
+        prompt: Prompt,
+        tokens: list[int],
+        block_ends: list[int],
+        shaped: ShapedRequest,
+        request: Request,
+    ) -> generation.Plan:
+        """What the model says and when, after the provider's prompt cache has been looked up
+        (and filled); x-sim-seed makes it repeatable."""
+        seed = request.headers.get("x-sim-seed", "").strip()
+        rng = random.Random(int(seed)) if seed.lstrip("-").isdigit() else self.rng
+        created = 0
+        if wire.explicit_cache:
+            cached, created = self.breakpoint_caches[provider.slug].lookup_and_store(
+                profile.id, tokens, block_ends, prompt.breakpoints, profile.min_cacheable_tokens
+            )
+        else:
+            cached = self.caches[provider.slug].lookup_and_store(profile.id, tokens)
+        shape = shaped.shape
+        plan = generation.plan(
+            profile, prompt.text, shape.max_tokens, cached, len(tokens), rng, shape
+        )
+        plan.cache_creation_tokens = created
+        if provider.allow_fault_header and "[sim-delay-ms:" in prompt.text:
+            plan.hold_back(self._prompt_delay_s(prompt.text))
+        return plan
 
     async def _whole(
         self,

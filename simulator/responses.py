@@ -17,13 +17,13 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from simulator.chat import OpenAIChat
 from simulator.generation import Plan
 from simulator.wire import (
     END,
     FRAME,
     REASONING,
     HttpError,
-    OpenAIChat,
     Prompt,
     Step,
     StreamContext,
@@ -135,30 +135,17 @@ class OpenAIResponses(OpenAIChat):
         if "sequence_gap" in ctx.faults:
             numbers = _gap(numbers, at=8)  # a few deltas in
         event = _Events(numbers, bool(ctx.options.get("obfuscation", True)))
-        plan, rid = ctx.plan, ctx.request_id
+        rid = ctx.request_id
         yield (
             None,
             event("response.created", {"response": self._response(ctx, "in_progress")})
             + event("response.in_progress", {"response": self._response(ctx, "in_progress")}),
             FRAME,
         )
-        index = 0
+        index = 0  # the message's output index: after the reasoning item, when there is one
         reasoning_item = {"id": f"rs_{rid}", "type": "reasoning", "summary": []}
-        if plan.reasoning_tokens:
-            opening = event(
-                "response.output_item.added", {"output_index": 0, "item": reasoning_item}
-            )
-            if plan.reasoning:
-                opening += event(
-                    "response.reasoning_summary_part.added",
-                    {
-                        "item_id": f"rs_{rid}",
-                        "output_index": 0,
-                        "summary_index": 0,
-                        "part": {"type": "summary_text", "text": ""},
-                    },
-                )
-            yield None, opening, FRAME
+        if ctx.plan.reasoning_tokens:
+            yield None, self._open_reasoning(ctx, event, reasoning_item), FRAME
             index = 1
         message = {
             "id": f"msg_{rid}",
@@ -184,18 +171,7 @@ class OpenAIResponses(OpenAIChat):
             if not started:
                 started = True
                 before += self._close_reasoning(ctx, event, reasoning_item)
-                before += event(
-                    "response.output_item.added", {"output_index": index, "item": message}
-                )
-                before += event(
-                    "response.content_part.added",
-                    {
-                        "item_id": f"msg_{rid}",
-                        "output_index": index,
-                        "content_index": 0,
-                        "part": {"type": "output_text", "text": "", "annotations": []},
-                    },
-                )
+                before += self._open_message(ctx, event, message, index)
             delta = event.delta(
                 "response.output_text.delta",
                 {"item_id": f"msg_{rid}", "output_index": index, "content_index": 0},
@@ -206,24 +182,64 @@ class OpenAIResponses(OpenAIChat):
         if ctx.cut is not None:
             yield from self._cut(ctx, event)
             return
-        closing = b"" if started else self._close_reasoning(ctx, event, reasoning_item)
         if started:
-            answer = "".join(plan.answer)
-            ids = {"item_id": f"msg_{rid}", "output_index": index, "content_index": 0}
-            closing += event("response.output_text.done", {**ids, "text": answer, "logprobs": []})
-            closing += event(
-                "response.content_part.done",
-                {**ids, "part": {"type": "output_text", "text": answer, "annotations": []}},
-            )
-            done = {**message, "status": "completed", "content": self._output(ctx)[-1]["content"]}
-            closing += event("response.output_item.done", {"output_index": index, "item": done})
-        if plan.finish_reason == "length":
+            closing = self._close_message(ctx, event, message, index)
+        else:
+            closing = self._close_reasoning(ctx, event, reasoning_item)
+        if ctx.plan.finish_reason == "length":
             closing += event("response.incomplete", {"response": self._response(ctx, "incomplete")})
         else:
             closing += event("response.completed", {"response": self._response(ctx, "completed")})
-        end_at = ctx.base_at + plan.end_s if not plan.answer else None
+        end_at = ctx.base_at + ctx.plan.end_s if not ctx.plan.answer else None
         yield end_at, closing, FRAME
         yield None, b"", END
+
+    @staticmethod
+    def _open_reasoning(ctx: StreamContext, event: _Events, item: dict[str, Any]) -> bytes:
+        """The reasoning item, and its summary part when the summary is streamed."""
+        opening = event("response.output_item.added", {"output_index": 0, "item": item})
+        if ctx.plan.reasoning:
+            opening += event(
+                "response.reasoning_summary_part.added",
+                {
+                    "item_id": item["id"],
+                    "output_index": 0,
+                    "summary_index": 0,
+                    "part": {"type": "summary_text", "text": ""},
+                },
+            )
+        return opening
+
+    @staticmethod
+    def _open_message(
+        ctx: StreamContext, event: _Events, message: dict[str, Any], index: int
+    ) -> bytes:
+        """The message item and its text part, before the first answer delta."""
+        return event(
+            "response.output_item.added", {"output_index": index, "item": message}
+        ) + event(
+            "response.content_part.added",
+            {
+                "item_id": f"msg_{ctx.request_id}",
+                "output_index": index,
+                "content_index": 0,
+                "part": {"type": "output_text", "text": "", "annotations": []},
+            },
+        )
+
+    def _close_message(
+        self, ctx: StreamContext, event: _Events, message: dict[str, Any], index: int
+    ) -> bytes:
+        """The text, its part and the message item, each done, with the whole answer."""
+        answer = "".join(ctx.plan.answer)
+        ids = {"item_id": f"msg_{ctx.request_id}", "output_index": index, "content_index": 0}
+        closing = event("response.output_text.done", {**ids, "text": answer, "logprobs": []})
+        closing += event(
+            "response.content_part.done",
+            {**ids, "part": {"type": "output_text", "text": answer, "annotations": []}},
+        )
+        done = {**message, "status": "completed", "content": self._output(ctx)[-1]["content"]}
+        return closing + event("response.output_item.done", {"output_index": index, "item": done})
 
     @staticmethod
     def _close_reasoning(ctx: StreamContext, event: _Events, item: dict[str, Any]) -> bytes:

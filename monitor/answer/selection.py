@@ -58,8 +58,11 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, TypeVar
 
+# The figures the decision reads moved to monitor.answer.window; callers read them here.
+from monitor.answer.window import Window as Window
+from monitor.answer.window import per_route as per_route
 from monitor.models import SLOT_MISSED, ProbeSlot, Region, Route, Task, fresh_within
-from monitor.stats import confidence, hist, rollups
+from monitor.stats import confidence, hist
 from monitor.stats.confidence import NO_ESTIMATE, Estimate, Rate, percentile
 from monitor.stats.rollups import Stats
 
@@ -208,82 +211,6 @@ def availability_verdict(
         since = f" since {stats.last_ok_at:%Y-%m-%d %H:%M} UTC" if stats.last_ok_at else ""
         return False, REASON_FAILING, f"every recent probe failed (no success{since})"
     return True, "", ""
-
-
-@dataclass
-class Window:
-    """Tasks' route stats over [since, until) from the hourly rollups, read once for many
-    choices: per region (latency) and all regions merged (quality; counts only)."""
-
-    per_region: dict[tuple[int | None, ...], Stats]
-    per_route: dict[tuple[int | None, ...], Stats]
-
-    @classmethod
-    def read(
-        cls,
-        since: datetime,
-        until: datetime,
-        task_ids: Sequence[int] | None = None,
-        *,
-        keep_settled: bool = False,
-    ) -> Window:
-        """Every task's rows, or only those of `task_ids`; `keep_settled`: see
-        rollups.stats_over (for a window read again and again as it slides)."""
-        return cls(
-            per_region=rollups.stats_over(
-                since=since,
-                until=until,
-                key_fields=["task_id", "route_id", "region_id"],
-                all_regions=False,
-                task_ids=task_ids,
-                keep_settled=keep_settled,
-            ),
-            per_route=rollups.stats_over(
-                since=since,
-                until=until,
-                key_fields=["task_id", "route_id"],
-                all_regions=True,
-                histograms=False,
-                task_ids=task_ids,
-                keep_settled=keep_settled,
-            ),
-        )
-
-    def quality(self, task: Task, routes: Sequence[Route]) -> dict[int, Stats]:
-        """Per route id, all regions merged: `choose`'s quality."""
-        keys = ((r.pk, (task.pk, r.pk)) for r in routes)
-        return {pk: self.per_route[key] for pk, key in keys if key in self.per_route}
-
-    def latency(self, task: Task, routes: Sequence[Route], region: Region) -> dict[int, Stats]:
-        """Per route id, in one region: `choose`'s latency."""
-        keys = ((r.pk, (task.pk, r.pk, region.pk)) for r in routes)
-        return {pk: self.per_region[key] for pk, key in keys if key in self.per_region}
-
-
-def per_route(
-    task: Task,
-    *,
-    since: datetime,
-    until: datetime,
-    grain: str,
-    region: Region | None = None,
-    histograms: bool = True,
-) -> dict[int, Stats]:
-    """A task's stats per route id over [since, until), all regions merged or in `region`:
-    `choose`'s quality (counts only are enough) or a page's latency. Settled hours are kept
-    between reads (rollups.stats_over): pages refresh themselves in open tabs."""
-    where = {"task_id": task.pk} | ({"region_id": region.pk} if region is not None else {})
-    found = rollups.stats_over(
-        since=since,
-        until=until,
-        grain=grain,
-        key_fields=["route_id"],
-        all_regions=region is None,
-        histograms=histograms,
-        where=where,
-        keep_settled=True,
-    )
-    return {k[0]: s for k, s in found.items() if k[0] is not None}
 
 
 def missed_since(
@@ -472,31 +399,11 @@ def choose(
     week); `missed`: per stale route id, the slots our workers missed since its last probe
     (`decide` reads them)."""
     metric = task.ranking_metric(routes)
-    q = int(metric.partition("_p")[2])
-    unit = _unit(metric)
     candidates, silent_too_long = _candidates(
         task, routes, latency, quality, metric, now, incumbent, missed, region_label
     )
-
-    def price(c: Candidate) -> Decimal:
-        return c.route.cost_usd(task.input_tokens, task.max_tokens)
-
-    def rank(c: Candidate) -> tuple[int, float, _Later, _Later, int]:
-        stats = latency.get(c.route.pk)
-        # Equal to the millisecond counts as a tie, broken by e2e p95 (a histogram merged for
-        # it: only when there is a tie to break), then price.
-        value = float(round(c.metric_ms)) if c.metric_ms is not None else float("inf")
-        p95 = _Later(lambda: (stats.e2e_ms(95) if stats else None) or float("inf"))
-        return (0 if c.qualifies else 1, value, p95, _Later(lambda: price(c)), c.route.pk)
-
-    def tied(a: Candidate, b: Candidate) -> bool:
-        return not a.metric.faster_than(b.metric) and not b.metric.faster_than(a.metric)
-
-    def counts(c: Candidate) -> dict[int, int]:
-        stats = latency.get(c.route.pk)
-        return stats.counts_for(metric, reference=True) if stats else {}
-
-    candidates.sort(key=rank)
+    order = _Order(task, latency, metric)
+    candidates.sort(key=order.rank)
     qualifying = [c for c in candidates if c.qualifies]
     held = next((c for c in qualifying if c.route.pk == incumbent), None)
     fresh = [c for c in qualifying if not c.stale]
@@ -509,15 +416,64 @@ def choose(
             candidates=candidates,
             metric=metric,
             change=change,
-            no_winner=_no_winner(candidates, metric, q),
+            no_winner=_no_winner(candidates, metric, int(metric.partition("_p")[2])),
         )
     best = qualifying[0]
     if task.defaults.prefer_cheaper and not task.latency_metric:
-        best = min((c for c in qualifying if tied(c, best)), key=lambda c: (price(c), rank(c)))
+        best = min(
+            (c for c in qualifying if order.tied(c, best)),
+            key=lambda c: (order.price(c), order.rank(c)),
+        )
+    return _crown(task, best, held, qualifying, candidates, incumbent, order)
+
+
+@dataclass(frozen=True)
+class _Order:
+    """How candidates compare: qualifying first, then the metric to the millisecond (equal
+    counts as a tie, broken by e2e p95, merged only when there is a tie to break, then price,
+    then route id); "tied within noise" when neither is faster with confidence."""
+
+    task: Task
+    latency: Mapping[int, Stats]
+    metric: str
+
+    def price(self, c: Candidate) -> Decimal:
+        return c.route.cost_usd(self.task.input_tokens, self.task.max_tokens)
+
+    def rank(self, c: Candidate) -> tuple[int, float, _Later, _Later, int]:
+        stats = self.latency.get(c.route.pk)
+        value = float(round(c.metric_ms)) if c.metric_ms is not None else float("inf")
+        p95 = _Later(lambda: (stats.e2e_ms(95) if stats else None) or float("inf"))
+        return (0 if c.qualifies else 1, value, p95, _Later(lambda: self.price(c)), c.route.pk)
+
+    @staticmethod
+    def tied(a: Candidate, b: Candidate) -> bool:
+        return not a.metric.faster_than(b.metric) and not b.metric.faster_than(a.metric)
+
+    def counts(self, c: Candidate) -> dict[int, int]:
+        stats = self.latency.get(c.route.pk)
+        return stats.counts_for(self.metric, reference=True) if stats else {}
+
+
+def _crown(
+    task: Task,
+    best: Candidate,
+    held: Candidate | None,
+    qualifying: list[Candidate],
+    candidates: list[Candidate],
+    incumbent: int | None,
+    order: _Order,
+) -> Choice:
+    """The winner among qualifying routes, `best` ranked first, and why it changed: the
+    incumbent (`held`) keeps its cell unless a challenger takes it over; a first winner is
+    named only by a closed interval."""
+    metric, q = order.metric, int(order.metric.partition("_p")[2])
     if held is not None and held in qualifying:
-        takeover = _takeover(best, held, metric, _unit(metric), counts)
+        takeover = _takeover(best, held, metric, _unit(metric), order.counts)
         if takeover is None:
-            return _choice(best=held, candidates=candidates, metric=metric, change="", tied=tied)
+            return _choice(
+                best=held, candidates=candidates, metric=metric, change="", tied=order.tied
+            )
         change = takeover
     elif held is not None:
         change = f"{held.route} {held.silence}, longer than the {_ago(silence_limit(task))} a winner keeps its cell without probes"
@@ -530,7 +486,7 @@ def choose(
                 winner=None,
                 candidates=candidates,
                 metric=metric,
-                no_winner=f"collecting: {best.metric.n} of {needed} {unit} "
+                no_winner=f"collecting: {best.metric.n} of {needed} {_unit(metric)} "
                 f"({best.route}, the fastest so far)",
             )
         change = "first route to qualify"
@@ -541,7 +497,7 @@ def choose(
             if gone
             else "the previous winner is no longer a candidate"
         )
-    return _choice(best=best, candidates=candidates, metric=metric, change=change, tied=tied)
+    return _choice(best=best, candidates=candidates, metric=metric, change=change, tied=order.tied)
 
 
 def _takeover(

@@ -7,27 +7,23 @@ Raw results are read only where rollups cannot answer, each read bounded through
 (route, started_at) index: the latest rate-limit headers (last hour), and the selected window's
 most recent COMPARISON_ROWS probes, for the option comparisons (which rollups do not split)
 and the median probe (the one of the last 24 hours nearest the rollups' median).
+
+The chart data is monitor.pages.route_chart's, the option comparisons and reasoning figures
+monitor.pages.route_options'; this module reads the rest and puts the page together (build).
 """
 
 from __future__ import annotations
 
-import json
-import math
-import statistics
-from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict
 
 from django.db import connection
 from django.db.models import FloatField, Func
-from django.utils.safestring import SafeString, mark_safe
+from django.utils.safestring import SafeString
 
 from monitor.models import (
     BODY_MSGPACK_GZIP,
-    GRAIN_DAY,
-    GRAIN_HOUR,
     HTTP_2,
     OUTCOME_OK,
     ROW_QUANTILES,
@@ -36,11 +32,16 @@ from monitor.models import (
     Route,
     Task,
 )
-from monitor.pages import tails
 from monitor.pages.common import Range
+from monitor.pages.route_chart import NO_SERIES, series_with_note
+
+# The chart data moved to route_chart; tests, bench_scale and comments still name it here.
+from monitor.pages.route_chart import SERIES_METRICS as SERIES_METRICS
+from monitor.pages.route_chart import series as series
+from monitor.pages.route_options import Comparison, Reasoning, comparisons, reasoning
 from monitor.pages.server_time import ServerShare, server_time
 from monitor.stats import hist, rollups
-from monitor.stats.confidence import Estimate, Rate, percentile
+from monitor.stats.confidence import Rate
 from monitor.stats.rollups import Stats
 from probes.errors import Kind, counts_against_provider
 
@@ -135,34 +136,6 @@ class Headroom:
 
 
 @dataclass
-class OptionGroup:
-    value: str
-    probes: int
-    ok: int
-    ttft_p50: Estimate  # each with its 95% interval (monitor.stats.confidence)
-    ttft_p95: Estimate
-    e2e_p50: Estimate
-    e2e_p95: Estimate
-    upload_p50_ms: float | None
-    setup_p50_ms: float | None  # dns + connect + tls, where there was any
-    mean_request_bytes: float | None
-
-    @property
-    def ttft_p50_ms(self) -> float | None:
-        return self.ttft_p50.point
-
-    @property
-    def e2e_p50_ms(self) -> float | None:
-        return self.e2e_p50.point
-
-
-@dataclass
-class Comparison:
-    dimension: str
-    groups: list[OptionGroup]
-
-
-@dataclass
 class RoutePage:
     route: Route
     tasks: list[Task]
@@ -196,89 +169,6 @@ class RoutePage:
     @property
     def few_for_p99(self) -> bool:
         return self.selected is not None and self.selected.count_ok < hist.MIN_SAMPLES[99]
-
-
-# Chart data, as JSON text that the page embeds as it is and static/js/app.js unfolds:
-#   {"start": first point (UTC, ISO 8601), "step": "hour" | "day", "skip": k, "count": n,
-#    "chunks": [[point | null, ...], ...]}
-# The chunks joined, less their first k points, are the window's n points, one per hour or day
-# from start, null where no rollup row exists (an outage shows as a gap, never as a line);
-# a point is [ttft p50, p95, p99, e2e p50, p95, p99, tps p50, p95, p99, ttfat p50, p95, p99]
-# (SERIES_METRICS; hours stored before migration 0013 end after tps), null where too few
-# samples. An hourly chart joins one HourStrip per day (31 rows for a month,
-# the text of each already JSON); a daily one writes one point per daily rollup row. Either
-# way PostgreSQL hands back one string and Python parses no number. Beside them:
-#   "counts": [successful probes of each point's bucket, ...] (the sample count on hover) and
-#   "tails": {"p95" | "p99": {"width": buckets, "points": [[ttft, e2e, tps, ttfat] | null],
-#             "samples": [...]}}: a tail drawn over `width` buckets ending with each point,
-#   which replaces that quantile's one-bucket figures (monitor.pages.tails); absent when one
-#   bucket holds enough samples.
-SERIES_METRICS = ("ttft_ms", "e2e_ms", "tps", "ttfat_ms")
-_EMPTY_STRIP = "[" + ", ".join(["null"] * 24) + "]"
-_REGION = {True: "IS NULL", False: "= %(region)s"}
-_HOUR_CHUNKS_SQL = """
-SELECT string_agg(coalesce(s.points, %(empty)s), ',' ORDER BY d.i)
-FROM unnest(%(days)s::timestamptz[]) WITH ORDINALITY AS d(day, i)
-LEFT JOIN monitor_hourstrip AS s
-  ON s.task_id = %(task)s AND s.route_id = %(route)s AND s.region_id {region} AND s.day = d.day
-"""
-_DAY_CHUNKS_SQL = """
-SELECT '[' || string_agg(CASE WHEN r.id IS NULL THEN 'null'
-                             ELSE rw_chart_point(r.ttft_pcts, r.e2e_pcts, r.tps_pcts,
-                                                 rw_pairs_pcts(r.ttfat_hist, 1.0))::text END,
-                        ',' ORDER BY d.i) || ']'
-FROM unnest(%(days)s::timestamptz[]) WITH ORDINALITY AS d(day, i)
-LEFT JOIN monitor_rollup AS r
-  ON r.grain = 'day' AND r.task_id = %(task)s AND r.route_id = %(route)s
-  AND r.region_id {region} AND r.bucket_start = d.day
-"""
-# As Django's json_script: the text can only hold numbers and null, but it goes into a page.
-_JSON_ESCAPES = str.maketrans({"<": "\\u003C", ">": "\\u003E", "&": "\\u0026"})
-
-
-def series(
-    route: Route, task: Task, region: Region | None, window: Range, now: datetime
-) -> SafeString:
-    """The chart data alone (series_with_note)."""
-    return series_with_note(route, task, region, window, now)[0]
-
-
-def series_with_note(
-    route: Route, task: Task, region: Region | None, window: Range, now: datetime
-) -> tuple[SafeString, str]:
-    """The route's percentiles over the window, one point per window.series_grain: p50 of
-    the point's own bucket, p95 and p99 over as many buckets ending with it as their samples
-    need (monitor.pages.tails)."""
-    grain = window.series_grain
-    first = rollups.bucket_start(window.since(now), grain)
-    last = rollups.bucket_start(now, grain)
-    step = timedelta(hours=1) if grain == GRAIN_HOUR else timedelta(days=1)
-    day = rollups.bucket_start(first, GRAIN_DAY)
-    days = [day + timedelta(days=i) for i in range((last - day).days + 1)]
-    sql = _HOUR_CHUNKS_SQL if grain == GRAIN_HOUR else _DAY_CHUNKS_SQL
-    params: dict[str, Any] = {
-        "empty": _EMPTY_STRIP,
-        "days": days,
-        "task": task.pk,
-        "route": route.pk,
-        "region": region.pk if region is not None else None,
-    }
-    with connection.cursor() as cursor:
-        cursor.execute(sql.replace("{region}", _REGION[region is None]), params)
-        chunks = cursor.fetchone()[0]  # never NULL: there is always at least one day
-    count = (last - first) // step + 1
-    # Each point's sample count, and p95 / p99 over wider trailing windows where a bucket
-    # holds too few samples for them (monitor.pages.tails).
-    counts, found = tails.tails(task, route, region, grain, first, count, window.length)
-    extra = tails.packed(counts, found)
-    text = (
-        f'{{"start": "{first:%Y-%m-%dT%H:%M:%SZ}", "step": "{grain}",'
-        f' "skip": {(first - day) // step}, "count": {count},'
-        f' "chunks": [{chunks}], "counts": {json.dumps(extra["counts"])},'
-        f' "tails": {json.dumps(extra["tails"])}}}'
-    )
-    chart = mark_safe(text.translate(_JSON_ESCAPES))  # noqa: S308 - escaped as json_script does
-    return chart, tails.describe(grain, found)
 
 
 def median_probe(
@@ -454,65 +344,6 @@ def headroom(
     return out
 
 
-def _connection(r: Any) -> str:
-    reused = r.connection_reused
-    if reused is None:  # rows from before reuse was recorded: what was asked
-        return "cold (asked)" if r.cold else "warm (asked)"
-    return "reused connection" if reused else "new connection"
-
-
-# Grouped by what happened (the negotiated version, whether the connection was really reused,
-# what the provider says served the probe), not by what was asked: a provider that ignores
-# an HTTP/2 offer or a pool that had to reconnect shows as such. Rows: see _newest.
-_DIMENSIONS: tuple[tuple[str, Callable[[Any], str]], ...] = (
-    ("HTTP version (negotiated)", lambda r: r.http_version or "not negotiated"),
-    ("connection", _connection),
-    (
-        "request body",
-        lambda r: "msgpack + gzip" if r.body_encoding == BODY_MSGPACK_GZIP else "JSON",
-    ),
-    ("prompt prefix", lambda r: r.prefix_mode),
-    ("served model", lambda r: r.served_model or "not reported"),
-    ("service tier", lambda r: r.service_tier or "not reported"),
-)
-
-
-def _p50(values: list[float]) -> float | None:
-    return hist.percentile(hist.build(values, hist.MS), 50, hist.MS) if values else None
-
-
-def _median(values: list[int]) -> float | None:
-    return float(statistics.median(values)) if values else None
-
-
-@dataclass
-class Reasoning:
-    """Reasoning the provider reported over the comparison rows: shown apart from speed."""
-
-    probes: int  # ok probes that reported reasoning tokens
-    reasoning_tokens_p50: float | None
-    hidden_tokens_p50: float | None  # billed but never streamed
-    ttft_p50_ms: float | None  # first output of any kind (a reasoning token, when streamed)
-    ttfat_p50_ms: float | None  # first answer token
-    speed_counted: list[str]  # how speed's tokens were counted, for these probes
-
-
-def reasoning(rows: list[Any]) -> Reasoning | None:
-    ok = [r for r in rows if r.outcome == OUTCOME_OK and r.reasoning_tokens]
-    if not ok:
-        return None
-    return Reasoning(
-        probes=len(ok),
-        reasoning_tokens_p50=_median([r.reasoning_tokens for r in ok]),
-        hidden_tokens_p50=_median(
-            [r.hidden_reasoning_tokens for r in ok if r.hidden_reasoning_tokens is not None]
-        ),
-        ttft_p50_ms=_p50([r.ttft_ms for r in ok if r.ttft_ms is not None]),
-        ttfat_p50_ms=_p50([r.ttfat_ms for r in ok if r.ttfat_ms is not None]),
-        speed_counted=sorted({r.tps_token_source for r in ok if r.tps_token_source}),
-    )
-
-
 def not_sent(route: Route, task: Task) -> list[str]:
     """Options the task asks for that this route's provider cannot take (so are not sent)."""
     provider = route.provider
@@ -602,87 +433,6 @@ def _newest(route: Route, task: Task, region: Region | None, since: datetime) ->
     return list(rows.values_list(*_COMPARISON_FIELDS, "at", named=True)[:COMPARISON_ROWS])
 
 
-def _bucket(value: float | None) -> int | None:
-    """A value's histogram bucket (monitor.stats.hist.MS), None where hist.build skips it."""
-    if value is None or not math.isfinite(value):
-        return None
-    return hist.MS.index(value)
-
-
-@dataclass(slots=True)
-class _Facts:
-    """What the comparisons need of one raw row, worked out once (not once per dimension)."""
-
-    ok: bool
-    ttft: int | None  # buckets, of successful probes only
-    e2e: int | None
-    upload: int | None
-    setup: int | None  # dns + connect + tls, where a connection was made
-    request_bytes: int | None
-
-
-def _facts(r: Any) -> _Facts:
-    ok = r.outcome == OUTCOME_OK
-    setup = None
-    if ok and r.connect_ms is not None:
-        setup = _bucket((r.dns_ms or 0) + r.connect_ms + (r.tls_ms or 0))
-    return _Facts(
-        ok=ok,
-        ttft=_bucket(r.ttft_ms) if ok else None,
-        e2e=_bucket(r.e2e_ms) if ok else None,
-        upload=_bucket(r.upload_ms) if ok else None,
-        setup=setup,
-        request_bytes=r.request_bytes,
-    )
-
-
-def _histogram(buckets: list[int | None]) -> dict[int, int]:
-    counts: dict[int, int] = {}
-    for b in buckets:
-        if b is not None:
-            counts[b] = counts.get(b, 0) + 1
-    return counts
-
-
-def _group(value: str, members: list[_Facts]) -> OptionGroup:
-    ttft = _histogram([m.ttft for m in members])
-    e2e = _histogram([m.e2e for m in members])
-    sizes = [m.request_bytes for m in members if m.request_bytes is not None]
-    return OptionGroup(
-        value=value,
-        probes=len(members),
-        ok=sum(m.ok for m in members),
-        ttft_p50=percentile(ttft, 50),
-        ttft_p95=percentile(ttft, 95),
-        e2e_p50=percentile(e2e, 50),
-        e2e_p95=percentile(e2e, 95),
-        upload_p50_ms=percentile(_histogram([m.upload for m in members]), 50).point,
-        setup_p50_ms=percentile(_histogram([m.setup for m in members]), 50).point,
-        mean_request_bytes=sum(sizes) / len(sizes) if sizes else None,
-    )
-
-
-def comparisons(rows: list[Any]) -> list[Comparison]:
-    """Side by side, for each dimension the rows took more than one way (each row's facts
-    worked out only when some dimension splits them)."""
-    split = []
-    for dimension, key in _DIMENSIONS:
-        keys = list(map(key, rows))
-        if len(set(keys)) >= 2:
-            split.append((dimension, keys))
-    if not split:
-        return []
-    facts = [_facts(r) for r in rows]
-    out = []
-    for dimension, keys in split:
-        groups: dict[str, list[_Facts]] = defaultdict(list)
-        for k, f in zip(keys, facts, strict=True):
-            groups[k].append(f)
-        stats = [_group(value, members) for value, members in sorted(groups.items())]
-        out.append(Comparison(dimension=dimension, groups=stats))
-    return out
-
-
 def build(
     route: Route,
     tasks: list[Task],
@@ -694,62 +444,11 @@ def build(
     """`tasks`: the active tasks probing the route (the page's task chips), `task` one of
     them (None: no task probes it)."""
     if task is None:
-        return RoutePage(
-            route=route,
-            tasks=tasks,
-            task=None,
-            regions=[],
-            region=None,
-            range=window,
-            series=mark_safe(
-                '{"start": null, "step": "hour", "skip": 0, "count": 0, "chunks": []}'
-            ),
-            summaries=[],
-            selected=None,
-            error_kinds=[],
-            median_probe=None,
-            waterfall=[],
-            headroom=[],
-            now=now,
-        )
+        return _no_task(route, tasks, window, now)
     regions = list(task.regions.filter(is_active=True).order_by("name"))
-    # Each region's figures and all regions merged (under None) in one read; settled hours
-    # kept between reads: the page refreshes itself in an open tab.
-    by_region: dict[int | None, Stats] = {
-        k[0]: s
-        for k, s in rollups.stats_over(
-            since=window.since(now),
-            until=now + timedelta(hours=1),
-            grain=window.stats_grain,
-            key_fields=["region_id"],
-            all_regions=None,
-            where={"route_id": route.pk, "task_id": task.pk},
-            keep_settled=True,
-        ).items()
-    }
-    merged = by_region.pop(None, None)
-    # A scenario's rollups hold app e2e; its calls' own figures come from the calls.
-    calls = call_figures(route, task, regions, window.since(now)) if task.is_scenario else {}
-    summaries = []
-    for g in regions:
-        if g.pk in by_region:
-            stats = by_region[g.pk]
-            summaries.append(
-                RegionSummary(
-                    g, stats, not task.is_fresh(stats.last_probe_at, now), calls.get(g.pk)
-                )
-            )
-    if merged is not None:
-        summaries.append(
-            RegionSummary(
-                None, merged, not task.is_fresh(merged.last_probe_at, now), calls.get(None)
-            )
-        )
+    by_region, merged = _window_stats(route, task, window, now)
     selected = by_region.get(region.pk) if region is not None else merged
-    kinds = sorted((selected.error_kinds if selected else {}).items(), key=lambda kv: -kv[1])
-    # The route's failures by kind; ours (missed slots, configuration, engine) apart.
-    ours = [(k, n) for k, n in kinds if not counts_against_provider(k)]
-    kinds = [(k, n) for k, n in kinds if counts_against_provider(k)]
+    kinds, ours = _error_kinds(selected)
     since = window.since(now)
     rows = comparison_rows(route, task, region, since, now, selected.count if selected else 0)
     # The median probe is chosen against the last 24 h: the selected figures, when that is
@@ -766,7 +465,7 @@ def build(
         range=window,
         series=chart,
         point_note=point_note,
-        summaries=summaries,
+        summaries=_summaries(route, task, regions, by_region, merged, since, now),
         selected=selected,
         error_kinds=kinds,
         our_kinds=ours,
@@ -779,3 +478,78 @@ def build(
         not_sent=not_sent(route, task),
         now=now,
     )
+
+
+def _no_task(route: Route, tasks: list[Task], window: Range, now: datetime) -> RoutePage:
+    """The page of a route no active task probes: its chips, and nothing measured."""
+    return RoutePage(
+        route=route,
+        tasks=tasks,
+        task=None,
+        regions=[],
+        region=None,
+        range=window,
+        series=NO_SERIES,
+        summaries=[],
+        selected=None,
+        error_kinds=[],
+        median_probe=None,
+        waterfall=[],
+        headroom=[],
+        now=now,
+    )
+
+
+def _window_stats(
+    route: Route, task: Task, window: Range, now: datetime
+) -> tuple[dict[int | None, Stats], Stats | None]:
+    """Each region's figures over the window, and all regions merged, in one read; settled
+    hours kept between reads: the page refreshes itself in an open tab."""
+    by_region: dict[int | None, Stats] = {
+        k[0]: s
+        for k, s in rollups.stats_over(
+            since=window.since(now),
+            until=now + timedelta(hours=1),
+            grain=window.stats_grain,
+            key_fields=["region_id"],
+            all_regions=None,
+            where={"route_id": route.pk, "task_id": task.pk},
+            keep_settled=True,
+        ).items()
+    }
+    merged = by_region.pop(None, None)
+    return by_region, merged
+
+
+def _summaries(
+    route: Route,
+    task: Task,
+    regions: list[Region],
+    by_region: dict[int | None, Stats],
+    merged: Stats | None,
+    since: datetime,
+    now: datetime,
+) -> list[RegionSummary]:
+    """A row per region with figures, then all regions merged. A scenario's rollups hold app
+    e2e; its calls' own figures come from the calls."""
+    calls = call_figures(route, task, regions, since) if task.is_scenario else {}
+    summaries = [
+        RegionSummary(g, stats, not task.is_fresh(stats.last_probe_at, now), calls.get(g.pk))
+        for g in regions
+        if (stats := by_region.get(g.pk)) is not None
+    ]
+    if merged is not None:
+        summaries.append(
+            RegionSummary(
+                None, merged, not task.is_fresh(merged.last_probe_at, now), calls.get(None)
+            )
+        )
+    return summaries
+
+
+def _error_kinds(selected: Stats | None) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """The route's failures by kind, most frequent first, and ours (missed slots,
+    configuration, engine) apart."""
+    kinds = sorted((selected.error_kinds if selected else {}).items(), key=lambda kv: -kv[1])
+    ours = [(k, n) for k, n in kinds if not counts_against_provider(k)]
+    return [(k, n) for k, n in kinds if counts_against_provider(k)], ours

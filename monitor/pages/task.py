@@ -129,17 +129,7 @@ def build(
     now: datetime,
 ) -> TaskPage:
     routes = [r for r in task.routes.select_related("provider") if r.is_active]
-    since = window.since(now)
-    until = now + timedelta(hours=1)
-    latency = selection.per_route(
-        task, since=since, until=until, grain=window.stats_grain, region=region
-    )
-    if region is None:
-        quality = latency
-    else:
-        quality = selection.per_route(
-            task, since=since, until=until, grain=window.stats_grain, histograms=False
-        )
+    latency, quality = _figures(task, region, window, now)
     change = winners.latest([task.pk]).get((task.pk, region.pk)) if region else None
     choice = selection.decide(
         task,
@@ -150,6 +140,53 @@ def build(
         now=now,
         incumbent=change.route_id if change else None,
     )
+    rows = _rows(task, routes, choice, latency, now)
+    scatter, unplotted = _scatter(task, choice, rows)
+    scenario = pages_scenario.summary(task, [(r.route, r.stats) for r in rows], region, now)
+    form, lines = _whatif(task, rows, scenario, whatif_params)
+    last_probe = max((s.last_probe_at for s in latency.values() if s.last_probe_at), default=None)
+    return TaskPage(
+        task=task,
+        region=region,
+        range=window,
+        choice=choice,
+        rows=rows,
+        scatter=scatter,
+        unplotted=unplotted,
+        last_probe_at=last_probe,
+        whatif=form,
+        whatif_lines=lines,
+        winner_change=change,
+        scenario=scenario,
+    )
+
+
+def _figures(
+    task: Task, region: Region | None, window: Range, now: datetime
+) -> tuple[dict[int, Stats], dict[int, Stats]]:
+    """Each route's latency figures (in the region, or all regions merged) and its quality
+    figures over all regions merged (the same figures when no region is chosen)."""
+    since = window.since(now)
+    until = now + timedelta(hours=1)
+    latency = selection.per_route(
+        task, since=since, until=until, grain=window.stats_grain, region=region
+    )
+    if region is None:
+        return latency, latency
+    quality = selection.per_route(
+        task, since=since, until=until, grain=window.stats_grain, histograms=False
+    )
+    return latency, quality
+
+
+def _rows(
+    task: Task,
+    routes: list[Route],
+    choice: selection.Choice,
+    latency: dict[int, Stats],
+    now: datetime,
+) -> list[RouteRow]:
+    """One row per candidate, in the order the decision ranked them, with its budget colours."""
     ttft_basis = task.ttft_budget_metric(routes)
     rows = []
     for i, c in enumerate(choice.candidates, start=1):
@@ -170,6 +207,14 @@ def build(
                 ),
             )
         )
+    return rows
+
+
+def _scatter(
+    task: Task, choice: selection.Choice, rows: list[RouteRow]
+) -> tuple[ScatterData, list[RouteRow]]:
+    """Quality against the task's latency metric, a point per route that has both; the rows
+    that lack either come back apart (unplotted)."""
     y_label, bar = Y_PASSING, None
     points: list[ScatterPoint] = []
     unplotted = []
@@ -195,8 +240,18 @@ def build(
     scatter = ScatterData(
         x_label=f"{metric_label(choice.metric)} (s)", y_label=y_label, bar=bar, points=points
     )
-    scenario = pages_scenario.summary(task, [(r.route, r.stats) for r in rows], region, now)
-    # A scenario task's rollups hold app e2e only: the calculator reads its calls' medians.
+    return scatter, unplotted
+
+
+def _whatif(
+    task: Task,
+    rows: list[RouteRow],
+    scenario: pages_scenario.Summary | None,
+    whatif_params: dict[str, str],
+) -> tuple[pages_whatif.Form, list[pages_whatif.Line]]:
+    """The what-if calculator's form (the task's own sizes unless the request says otherwise)
+    and its line per route, plus the custom ones the form adds. A scenario task's rollups hold
+    app e2e only: the calculator reads its calls' medians."""
     calls = {line.route.pk: line.calls for line in scenario.lines} if scenario else {}
     defaults = {k: str(v) for k, v in whatif_defaults(task).items()}
     form = pages_whatif.parse({**defaults, **{k: v for k, v in whatif_params.items() if v}})
@@ -211,22 +266,7 @@ def build(
         )
         for row in rows
     ]
-    lines = pages_whatif.compare(form.scenario, speeds + form.custom)
-    last_probe = max((s.last_probe_at for s in latency.values() if s.last_probe_at), default=None)
-    return TaskPage(
-        task=task,
-        region=region,
-        range=window,
-        choice=choice,
-        rows=rows,
-        scatter=scatter,
-        unplotted=unplotted,
-        last_probe_at=last_probe,
-        whatif=form,
-        whatif_lines=lines,
-        winner_change=change,
-        scenario=scenario,
-    )
+    return form, pages_whatif.compare(form.scenario, speeds + form.custom)
 
 
 def _or_none(
