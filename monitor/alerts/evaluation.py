@@ -162,13 +162,7 @@ def evaluate(rule: AlertRule, now: datetime, read: Read | None = None) -> list[F
 
 
 def _latency(scope: Scope) -> list[Finding]:
-    rule, now, routes, regions, read = (
-        scope.rule,
-        scope.now,
-        scope.routes,
-        scope.regions,
-        scope.read,
-    )
+    rule, now, routes, regions, read = scope
     metric = rule.effective_metric()
     speed = metric.startswith("tps")
     unit = "tokens/s" if speed else "ms"
@@ -259,13 +253,7 @@ def _errors(stats: Stats) -> Rate:
 
 
 def _availability(scope: Scope) -> list[Finding]:
-    rule, now, routes, regions, read = (
-        scope.rule,
-        scope.now,
-        scope.routes,
-        scope.regions,
-        scope.read,
-    )
+    rule, now, routes, regions, read = scope
     ceiling = rule.effective_ceiling()
     current = read(now - rule.window(), now, True)
 
@@ -548,13 +536,7 @@ def _spend_cap(scope: Scope) -> list[Finding]:
 
 def _rate_limit(scope: Scope) -> list[Finding]:
     """Headroom: the share of probes answered 429 (rate limited), surely above the line."""
-    rule, now, routes, regions, read = (
-        scope.rule,
-        scope.now,
-        scope.routes,
-        scope.regions,
-        scope.read,
-    )
+    rule, now, routes, regions, read = scope
     ceiling = rule.effective_ceiling()
     current = read(now - rule.window(), now, True)
     findings = []
