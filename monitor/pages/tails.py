@@ -138,11 +138,10 @@ def tails(
     quantiles that need more than one bucket, over their chosen widths."""
     step = timedelta(hours=1) if grain == GRAIN_HOUR else timedelta(days=1)
     max_width = max(1, int(window_length * MAX_WIDTH / step))
-    since = first - (max_width - 1) * step
     last = first + (count - 1) * step
     by_index = {
         (start - first) // step: n
-        for start, n in _rows(task, route, region, grain, since, last).values_list(
+        for start, n in _rows(task, route, region, grain, first, last).values_list(
             "bucket_start", "count_ok"
         )
     }
@@ -150,6 +149,8 @@ def tails(
     widths = {q: w for q, w in choose_widths(counts, max_width).items() if w > 1}
     if not widths:
         return counts, {}
+    # The histograms from as far back as the widest chosen window reaches, no further.
+    since = first - (max(widths.values()) - 1) * step
     columns = [column for column, _ in HISTOGRAMS]
     hists: dict[int, tuple[list[int], ...]] = {}
     for start, n, *pairs in _rows(task, route, region, grain, since, last).values_list(
