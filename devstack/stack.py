@@ -274,114 +274,39 @@ def region_workers(
     return children
 
 
+def _celery_worker(name: str, queue: str, concurrency: int, *, nice: str | None = None) -> Child:
+    """A Celery worker of the central processes, stopped before the others."""
+    argv = [PY, "-m", "celery", "-A", "monitor", "worker", "--loglevel", "INFO"]
+    argv += ["--queues", queue, "--hostname", f"{name}@%h", "--concurrency", str(concurrency)]
+    return Child(name, argv, env={"RW_WORKER_NICE": nice} if nice else {}, stop_first=True)
+
+
 def stack_processes(
     env: dict[str, str], port: int, simulator_port: int = SIMULATOR_PORT
 ) -> list[Child]:
     """The long-running processes of the product."""
     var_dir = Path(env["RW_VAR_DIR"])
-    celery = [PY, "-m", "celery", "-A", "monitor"]
+    demo = ROOT / "simulator" / "configs" / "demo.toml"
+    simulator = [PY, "-m", "simulator", "--config", str(demo), "--port", str(simulator_port)]
+    web = [PY, "-m", "gunicorn", "monitor.wsgi", "--bind", f"127.0.0.1:{port}"]
+    web += ["--workers", "2", "--threads", "4", "--access-logfile", "-"]
+    beat = [PY, "-m", "celery", "-A", "monitor", "beat", "--loglevel", "INFO"]
+    beat += ["--schedule", str(var_dir / "celerybeat-schedule"), "--pidfile", ""]
     children = [
-        Child(
-            "simulator",
-            [
-                PY,
-                "-m",
-                "simulator",
-                "--config",
-                str(ROOT / "simulator" / "configs" / "demo.toml"),
-                "--port",
-                str(simulator_port),
-            ],
-        ),
-        Child(
-            "web",
-            [
-                PY,
-                "-m",
-                "gunicorn",
-                "monitor.wsgi",
-                "--bind",
-                f"127.0.0.1:{port}",
-                "--workers",
-                "2",
-                "--threads",
-                "4",
-                "--access-logfile",
-                "-",
-            ],
-        ),
-        Child(
-            "beat",
-            [
-                *celery,
-                "beat",
-                "--loglevel",
-                "INFO",
-                "--schedule",
-                str(var_dir / "celerybeat-schedule"),
-                "--pidfile",
-                "",
-            ],
-            stop_first=True,
-        ),
+        Child("simulator", simulator),
+        Child("web", web),
+        Child("beat", beat, stop_first=True),
         # The tick alone (monitor.pipeline.queues.SCHEDULE_QUEUE), at the web's CPU priority:
         # a tick that waits creates its slots late, and they are recorded missed.
-        Child(
-            "scheduler",
-            [
-                *celery,
-                "worker",
-                "--loglevel",
-                "INFO",
-                "--queues",
-                "schedule",
-                "--hostname",
-                "scheduler@%h",
-                "--concurrency",
-                "1",
-            ],
-            env={"RW_WORKER_NICE": "0"},
-            stop_first=True,
-        ),
+        _celery_worker("scheduler", "schedule", 1, nice="0"),
         # Results, at the web's CPU priority too: ingest lag is a target (p99 <= 5 s), and at
         # nice 10 beside busy region workers ingest got 0.07 cores and fell 13 minutes behind
         # (bench/RESULTS.md). Its cost is small per result.
-        Child(
-            "ingest",
-            [
-                *celery,
-                "worker",
-                "--loglevel",
-                "INFO",
-                "--queues",
-                "ingest",
-                "--hostname",
-                "ingest@%h",
-                "--concurrency",
-                "2",
-            ],
-            env={"RW_WORKER_NICE": "0"},
-            stop_first=True,
-        ),
+        _celery_worker("ingest", "ingest", 2, nice="0"),
         # Beat's other work (overview rebuilds, rollups, retention, digests) at the workers'
         # lower priority (RW_WORKER_NICE, 10): a rebuild takes seconds of CPU and nobody waits
         # on it, since pages serve the last snapshot meanwhile.
-        Child(
-            "background",
-            [
-                *celery,
-                "worker",
-                "--loglevel",
-                "INFO",
-                "--queues",
-                "default",
-                "--hostname",
-                "background@%h",
-                "--concurrency",
-                "2",
-            ],
-            stop_first=True,
-        ),
+        _celery_worker("background", "default", 2),
     ]
     return children + region_workers(env, simulator_port)
 
