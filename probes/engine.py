@@ -225,6 +225,9 @@ def _engine_failure(exc: Exception, spec: ProbeSpec) -> EngineError:
 async def _attempt(
     spec: ProbeSpec, fmt: WireFormat, prepared: _Prepared, progress: Progress
 ) -> Measurement:
+    """One request's whole life: connect, send, read the stream, end. Longer than our ~80
+    lines on purpose: it reads top to bottom in the order the clock stamps each phase, and
+    every stamp sits where its event happens (split up, the timing points hide in helpers)."""
     result = Measurement(request_bytes=len(prepared.body))
     origin = "{0.scheme}://{0.netloc}".format(urlsplit(prepared.url))
     cold_client = (

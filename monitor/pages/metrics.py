@@ -227,6 +227,8 @@ class RollupCollector(Collector):
 
 
 def _counters(series: list[tuple[list[str], Stats]]) -> Iterator[Metric]:
+    """The counter families. Long for its declarations (each family with its help text, as a
+    scraper shows it), then one pass over the series filling them."""
     probes = CounterMetricFamily(
         "routewatch_probes",
         "Probes recorded, by outcome: ok, error (the probe failed), missed (no result came "
