@@ -384,7 +384,7 @@ def _run_stack(stack: Stack, var_dir: Path, port: int, simulator_port: int) -> i
     children = stack_processes(env, port, simulator_port)
     web = next(child for child in children if child.name == "web")
     exit_code = serve(children, env, web=(web, port))
-    _say("stopped; data kept under ./var (a second `make run` picks it up)")
+    _say(f"stopped; data kept under {var_dir} (a second `make run` picks it up)")
     return exit_code
 
 

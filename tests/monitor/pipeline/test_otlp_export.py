@@ -131,7 +131,8 @@ def test_each_stored_probe_reaches_an_otlp_receiver_as_genai_client_metrics(
             extra={"itl_p50_ms": 30.0, "served_model": "gpt-fast-2025"},
         ),
         _payload(t, local, us, T0, ttft_ms=50.0, e2e_ms=300.0),
-        # A failure has no duration to export; /metrics counts it.
+        # A failure with no time to failure and no e2e (an older worker, nothing received):
+        # no duration to export; /metrics counts it.
         _payload(t, fast, eu, T0 + timedelta(minutes=2), outcome="error", error_kind="http_5xx"),
     ]
     with override_settings(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url + "/"):
