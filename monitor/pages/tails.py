@@ -70,11 +70,19 @@ def _rows(
     return rows.filter(region=region) if region is not None else rows.filter(region__isnull=True)
 
 
-def _pairs(counts: dict[int, int]) -> hist.Pairs:
-    pairs: hist.Pairs = []
-    for b in sorted(counts):
-        pairs.extend((b, counts[b]))
-    return pairs
+def _tail_percentile(counts: dict[int, int], q: int, scale: hist.Scale) -> float | None:
+    """hist.percentile of a {bucket: count} window, read from its top: a tail quantile's rank
+    is a few samples below the highest, so the walk is short and builds no pairs."""
+    n = sum(counts.values())
+    if n == 0 or n < hist.MIN_SAMPLES.get(q, 1):
+        return None
+    from_top = n - math.ceil(q / 100 * n) + 1  # the same sample, counted from the highest
+    seen = 0
+    for bucket in sorted(counts, reverse=True):
+        seen += counts[bucket]
+        if seen >= from_top:
+            return scale.representative(bucket)
+    return scale.representative(min(counts))  # not reached: the counts sum to n
 
 
 def _subtract(counts: dict[int, int], pairs: list[int]) -> None:
@@ -117,7 +125,7 @@ def _tail(
             continue
         points.append(
             [
-                hist.percentile(_pairs(window), q, scale)
+                _tail_percentile(window, q, scale)
                 for window, (_, scale) in zip(windows, HISTOGRAMS, strict=True)
             ]
         )
