@@ -29,13 +29,13 @@ MAX_TOKENS = "max_tokens"
 MAX_COMPLETION_TOKENS = "max_completion_tokens"
 TOKEN_LIMIT_PARAMS = (MAX_TOKENS, MAX_COMPLETION_TOKENS)
 
-# How output_tokens was counted (token_source) and how tps's tokens were (tps_token_source).
-# These name a count's origin, they are not passwords (S105).
 # The gaps between content chunks a result keeps, one per chunk after the first (OpenTelemetry's
 # gen_ai.client.operation.time_per_output_chunk is recorded per chunk). Bounded: a longer stream
 # keeps its first MAX_CHUNK_GAPS gaps (itl_p50_ms / itl_max_ms still cover every chunk).
 MAX_CHUNK_GAPS = 256
 
+# How output_tokens was counted (token_source) and how tps's tokens were (tps_token_source).
+# These name a count's origin, they are not passwords (S105).
 SOURCE_USAGE = "usage"
 SOURCE_TOKENIZER = "tokenizer"
 SOURCE_USAGE_MINUS_HIDDEN = "usage-minus-hidden-reasoning"
