@@ -85,6 +85,11 @@ DAYS = 7
 # Sparser than live probing (a week at the live rate would be half a million rows, minutes to
 # write) but dense enough for every hourly chart point's median in each region.
 PROBE_INTERVAL_S = 600
+# Over its last RECENT, the history probes as a team probing every 5 minutes would: enough for
+# the route page's 24 h chart to draw its p95 and p99 lines (p99 over 9 trailing hours at 12 an
+# hour, monitor.pages.tails) from the first start, as live probing does once it has run.
+RECENT = timedelta(hours=36)
+RECENT_PROBE_INTERVAL_S = 300
 
 
 RACE_INTERVAL_S = 7200
@@ -120,8 +125,10 @@ class _Series:
             case_ids=[c.pk for c in cases],
         )
 
-    def payload_at(self, at: datetime, rtt_ms: float, rng: random.Random) -> ResultPayload:
-        n = slot_number(at, self.phase, PROBE_INTERVAL_S)
+    def payload_at(
+        self, at: datetime, rtt_ms: float, rng: random.Random, interval_s: int = PROBE_INTERVAL_S
+    ) -> ResultPayload:
+        n = slot_number(at, self.phase, interval_s)
         variant, case_index = assignment(n, self.variants, self.reference, len(self.case_ids))
         case_id = self.case_ids[case_index] if self.case_ids else None
         d = draw(
@@ -240,9 +247,9 @@ def _write_days(
     while at < end:
         upto = min(at + chunk, end)
         pending = [
-            s.payload_at(when, rtt.get(s.region.slug, 0.0), rng)
+            s.payload_at(when, rtt.get(s.region.slug, 0.0), rng, interval)
             for s in series
-            for when in history_slot_times(at, upto, s.phase, PROBE_INTERVAL_S)
+            for when, interval in _slot_times(at, upto, end, s.phase)
         ]
         written += ingest.ingest(results_to_json(pending))
         due = [
@@ -254,6 +261,20 @@ def _write_days(
         partitions.analyze(at, upto)
         at = upto
     return written, ran_total
+
+
+def _slot_times(
+    start: datetime, upto: datetime, end: datetime, phase: float
+) -> list[tuple[datetime, int]]:
+    """A series' history slots in [start, upto), each with its interval: every
+    PROBE_INTERVAL_S, then every RECENT_PROBE_INTERVAL_S over the history's last RECENT (on the
+    same phase; the interval numbers the slot, which picks its options and eval case)."""
+    recent = end - RECENT
+    sparse = history_slot_times(start, min(upto, recent), phase, PROBE_INTERVAL_S)
+    dense = history_slot_times(max(start, recent), upto, phase, RECENT_PROBE_INTERVAL_S)
+    return [(at, PROBE_INTERVAL_S) for at in sparse] + [
+        (at, RECENT_PROBE_INTERVAL_S) for at in dense
+    ]
 
 
 def _write_last_slots(
@@ -273,7 +294,7 @@ def _write_last_slots(
         phase = phase_s(one.task.pk, one.route.pk, one.region.pk, interval)
         since = end - timedelta(seconds=interval)
         tail += [
-            one.payload_at(when, rtt.get(one.region.slug, 0.0), rng)
+            one.payload_at(when, rtt.get(one.region.slug, 0.0), rng, interval)
             for when in history_slot_times(since, end, phase, interval)
         ]
     written = ingest.ingest(results_to_json(tail))

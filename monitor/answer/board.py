@@ -237,15 +237,20 @@ def metric_label(metric: str) -> str:
 Decision = tuple[winners.Key, selection.Choice]
 
 
-def build(now: datetime | None = None, window: timedelta = WINDOW) -> Overview:
-    """Compute the overview from the rollups (the work a snapshot saves each reader)."""
-    return _build(now or timezone.now(), window)[0]
+def build(
+    now: datetime | None = None, window: timedelta = WINDOW, *, since: datetime | None = None
+) -> Overview:
+    """Compute the overview from the rollups (the work a snapshot saves each reader): over
+    `window` before now, or from `since` (an hour's start: the hidden demo history's end, which
+    may still be ahead of now, and then nothing is read)."""
+    now = now or timezone.now()
+    return _build(now, window, since=since)[0]
 
 
 def _build(
-    now: datetime, window: timedelta, *, keep_settled: bool = False
+    now: datetime, window: timedelta, *, keep_settled: bool = False, since: datetime | None = None
 ) -> tuple[Overview, list[Decision]]:
-    since = now - window
+    since = since if since is not None else now - window
     tasks = list(
         Task.objects.filter(is_active=True).prefetch_related("routes__provider", "regions", "steps")
     )

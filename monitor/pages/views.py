@@ -100,8 +100,9 @@ def overview(request: HtmxHttpRequest) -> HttpResponse:
     now = timezone.now()
     not_before = hidden_before(request)
     if not_before is not None and now - board.WINDOW < not_before:
-        # Generated history hidden: this reader's own overview, over the measured part only.
-        data = board.build(now, window=max(now - not_before, timedelta(minutes=1)))
+        # Generated history hidden: this reader's own overview, over the measured part only:
+        # the hours after the last generated result's (none yet while that hour lasts).
+        data = board.build(now, since=not_before)
     else:
         data = board.current(now)
     healths = monitoring.regions_health(now)
