@@ -398,6 +398,22 @@ class _HTTP11(httpcore2.AsyncHTTP11Connection):
 
     _chunked = False
 
+    async def _receive_response_headers(
+        self, request: httpcore2.Request
+    ) -> tuple[bytes, int, bytes, list[tuple[bytes, bytes]], bytes]:
+        # Reads end with the head (AsyncioStream.headers_only), so the body's first events,
+        # which often come in the same read at 200 streams, are read by ChunkedBody, not by h11
+        # an event per chunk (with the same arrival: the read's). A head whose blank line is
+        # split between reads, or ends in bare LFs, leaves body bytes with h11 as before.
+        stream = self._network_stream
+        if not isinstance(stream, AsyncioStream):
+            return await super()._receive_response_headers(request)
+        stream.headers_only = True
+        try:
+            return await super()._receive_response_headers(request)
+        finally:
+            stream.headers_only = False
+
     async def handle_async_request(self, request: httpcore2.Request) -> httpcore2.Response:
         response = await super().handle_async_request(request)
         # h11's framing rules: these responses have no body whatever the headers say, and h11
