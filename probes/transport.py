@@ -390,11 +390,12 @@ class ChunkedBody:
 class _HTTP11(httpcore2.AsyncHTTP11Connection):
     """httpcore2's HTTP/1.1 connection, reading a chunked response body with ChunkedBody.
 
-    This overrides one private method of httpcore2 2.16 (pinned below 2.17 in pyproject.toml),
-    _receive_response_body, and uses the connection's h11 state and network stream from
-    inside: no public hook lets a body be read without an h11 event per chunk. A body that is
-    not chunked is read by httpcore2 as before. tests/probes/test_chunked_body.py holds
-    ChunkedBody to h11, and this class to keep-alive however the reads fall."""
+    This overrides two private methods of httpcore2 2.16 (pinned below 2.17 in pyproject.toml),
+    _receive_response_body, and _receive_response_headers (only to have the head's reads end
+    with the head), and uses the connection's h11 state and network stream from inside: no
+    public hook lets a body be read without an h11 event per chunk. A body that is not chunked
+    is read by httpcore2 as before. tests/probes/test_chunked_body.py holds ChunkedBody to h11,
+    and this class to keep-alive however the reads fall."""
 
     _chunked = False
 
