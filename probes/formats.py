@@ -155,19 +155,25 @@ class OpenAIChat(WireFormat):
             delta = choice.get("delta") or {}
             if not isinstance(delta, dict):
                 raise MalformedStream("delta is not an object")
-            for key in ("reasoning_content", "reasoning"):
-                value = delta.get(key)
-                if isinstance(value, str) and value:
+            if delta:  # every chunk but the last has one: each key looked up once
+                value = delta.get("reasoning_content")
+                if value and isinstance(value, str):
                     pieces.append(Piece(REASONING, value))
-            content = delta.get("content")
-            if isinstance(content, str) and content:
-                pieces.append(Piece(ANSWER, content))
-            if delta.get("tool_calls"):
-                pieces.append(Piece(TOOL, json.dumps(delta["tool_calls"])))
-            if choice.get("finish_reason"):
-                pieces.append(Piece(FINISH, str(choice["finish_reason"]), meta=data))
-        if isinstance(data.get("usage"), dict):
-            pieces.append(Piece(USAGE, usage=data["usage"], meta=data))
+                value = delta.get("reasoning")
+                if value and isinstance(value, str):
+                    pieces.append(Piece(REASONING, value))
+                value = delta.get("content")
+                if value and isinstance(value, str):
+                    pieces.append(Piece(ANSWER, value))
+                value = delta.get("tool_calls")
+                if value:
+                    pieces.append(Piece(TOOL, json.dumps(value)))
+            finish = choice.get("finish_reason")
+            if finish:
+                pieces.append(Piece(FINISH, str(finish), meta=data))
+        usage = data.get("usage")
+        if isinstance(usage, dict):
+            pieces.append(Piece(USAGE, usage=usage, meta=data))
         return pieces
 
     def usage(self, raw: dict[str, Any]) -> Usage:

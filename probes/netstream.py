@@ -283,6 +283,10 @@ async def _readable(conn: _Connection) -> None:
 class AsyncioStream(httpcore2.AsyncNetworkStream):
     def __init__(self, conn: _Connection) -> None:
         self._conn = conn
+        # While set, a read ends where an HTTP/1.1 head ends (its first blank line, CRLF CRLF)
+        # and the rest of what came in waits for the next read, with the same arrival: the
+        # body that came with the headers is then not left to h11 (probes/transport.py).
+        self.headers_only = False
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         conn = self._conn
@@ -308,10 +312,15 @@ class AsyncioStream(httpcore2.AsyncNetworkStream):
                 raise httpcore2.ReadError("the connection was closed")
         chunk = chunks.popleft()
         conn.last_arrival = conn.arrivals.popleft()
-        if len(chunk) > max_bytes:
-            chunks.appendleft(chunk[max_bytes:])
+        cut = max_bytes
+        if self.headers_only:
+            end = chunk.find(b"\r\n\r\n", 0, max_bytes)
+            if end >= 0:
+                cut = end + 4
+        if len(chunk) > cut:
+            chunks.appendleft(chunk[cut:])
             conn.arrivals.appendleft(conn.last_arrival)
-            chunk = chunk[:max_bytes]
+            chunk = chunk[:cut]
         conn.buffered -= len(chunk)
         if not conn.reading and conn.buffered <= READ_HIGH_WATER // 2:
             conn.start_reading()

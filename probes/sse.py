@@ -17,7 +17,7 @@ from probes.errors import LineTooLong
 __all__ = ["Event", "LineTooLong", "SSEParser"]
 
 
-@dataclass
+@dataclass(slots=True)
 class Event:
     """One event of a stream: an SSE event, or one message of AWS's binary event-stream
     (probes/bedrock.py), where `event` is its event type or, with `exception`, its exception
@@ -66,9 +66,15 @@ class SSEParser:
             lines = [line.rstrip("\r") for line in lines]
         data_lines = self._data
         for line in lines:
-            # The common line, a data line, is taken inline: no method call per event.
+            # The common lines, a data line and the blank line that ends an event, are taken
+            # inline: no method call per event.
             if line.startswith("data:"):
                 data_lines.append(line[6:] if line.startswith(" ", 5) else line[5:])
+            elif not line:
+                if data_lines:
+                    events.append(Event(self._event, "\n".join(data_lines)))
+                    data_lines = self._data = []
+                self._event = ""
             else:
                 self._line(line, events)
                 data_lines = self._data  # a dispatch starts a new list

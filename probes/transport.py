@@ -390,13 +390,30 @@ class ChunkedBody:
 class _HTTP11(httpcore2.AsyncHTTP11Connection):
     """httpcore2's HTTP/1.1 connection, reading a chunked response body with ChunkedBody.
 
-    This overrides one private method of httpcore2 2.16 (pinned below 2.17 in pyproject.toml),
-    _receive_response_body, and uses the connection's h11 state and network stream from
-    inside: no public hook lets a body be read without an h11 event per chunk. A body that is
-    not chunked is read by httpcore2 as before. tests/probes/test_chunked_body.py holds
-    ChunkedBody to h11, and this class to keep-alive however the reads fall."""
+    This overrides two private methods of httpcore2 2.16 (pinned below 2.17 in pyproject.toml),
+    _receive_response_body, and _receive_response_headers (only to have the head's reads end
+    with the head), and uses the connection's h11 state and network stream from inside: no
+    public hook lets a body be read without an h11 event per chunk. A body that is not chunked
+    is read by httpcore2 as before. tests/probes/test_chunked_body.py holds ChunkedBody to h11,
+    and this class to keep-alive however the reads fall."""
 
     _chunked = False
+
+    async def _receive_response_headers(
+        self, request: httpcore2.Request
+    ) -> tuple[bytes, int, bytes, list[tuple[bytes, bytes]], bytes]:
+        # Reads end with the head (AsyncioStream.headers_only), so the body's first events,
+        # which often come in the same read at 200 streams, are read by ChunkedBody, not by h11
+        # an event per chunk (with the same arrival: the read's). A head whose blank line is
+        # split between reads, or ends in bare LFs, leaves body bytes with h11 as before.
+        stream = self._network_stream
+        if not isinstance(stream, AsyncioStream):
+            return await super()._receive_response_headers(request)
+        stream.headers_only = True
+        try:
+            return await super()._receive_response_headers(request)
+        finally:
+            stream.headers_only = False
 
     async def handle_async_request(self, request: httpcore2.Request) -> httpcore2.Response:
         response = await super().handle_async_request(request)

@@ -50,9 +50,14 @@ _REFUSALS = [
 # Never "our settings": a refusal about these is about the prompt or the model id.
 _NOT_SETTINGS = frozenset({"model", "messages", "system", "stream"})
 _INSTEAD = re.compile(r"[Uu]se '([\w.]+)' instead")
+# The json module's scanner (C where available: the one json.loads runs) and the whitespace it
+# allows around a value (json.decoder.WHITESPACE).
+_scan_json: Callable[[str, int], tuple[Any, int]]
+_scan_json = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+_JSON_SPACE = " \t\n\r"
 
 
-@dataclass
+@dataclass(slots=True)
 class Piece:
     kind: str
     text: str = ""
@@ -231,12 +236,18 @@ class WireFormat:
 
     @staticmethod
     def _json(data: str) -> dict[str, Any]:
-        # Not orjson: it saves ~1 us of ~60 us per chunk, and reads integers past 64 bits as
-        # floats, which would turn a usage count into "unknown".
+        # json.loads' own C scanner, called directly: json.loads wraps it in two Python calls
+        # and two regex matches for the whitespace around the value, a third of its cost on a
+        # chunk (bench/bench_probes.py). What it reads and refuses is json.loads' (the fuzz test
+        # in tests/probes/test_parsers_fuzz.py holds it to that). Not orjson: it reads integers
+        # past 64 bits as floats, which would turn a usage count into "unknown".
+        text = data.strip(_JSON_SPACE)
         try:
-            value = json.loads(data)
-        except ValueError:
+            value, end = _scan_json(text, 0)
+        except (StopIteration, ValueError):  # StopIteration: no JSON value at all
             raise MalformedStream(f"event data is not JSON: {data[:80]!r}") from None
+        if end != len(text):  # json.loads' "Extra data"
+            raise MalformedStream(f"event data is not JSON: {data[:80]!r}")
         if not isinstance(value, dict):
             raise MalformedStream("event data is not a JSON object")
         return value

@@ -206,3 +206,54 @@ def test_a_body_split_anywhere_comes_out_whole_and_the_connection_is_reused(
     bodies, streams = asyncio.run(go())
     assert bodies == [b"data: one\n\ndata: two\n\n"] * 2
     assert streams[0] is streams[1]
+
+
+def test_body_bytes_that_come_with_the_headers_wait_in_the_stream_for_chunked_body() -> None:
+    """A read while the headers are awaited ends with the head: the chunks that came in the
+    same read stay queued on the stream, with that read's arrival, for ChunkedBody (not h11,
+    an event per chunk). Every event keeps its stamp, and the body comes out whole."""
+    released = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+        await reader.readexactly(length)
+        writer.write(HEAD + ONE + TWO)  # one write: one read on loopback
+        await writer.drain()
+        await released.wait()
+        writer.write(END)
+        await writer.drain()
+        writer.close()
+
+    async def go() -> tuple[bytes, list[bytes], float, float, list[float], bool]:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = make_client(False, True, cleartext=True)
+        try:
+            url = f"http://127.0.0.1:{port}/"
+            async with client.stream("POST", url, content=b"{}") as response:
+                stream = response.extensions["network_stream"]
+                headers_at = stream.arrived_at()
+                queued = list(stream._conn.chunks)
+                queued_at = list(stream._conn.arrivals)
+                parts = body_chunks(response)
+                first = await anext(parts)
+                first_at = stream.arrived_at()
+                released.set()
+                rest = b"".join([part async for part in parts])
+                reading_heads = getattr(stream, "headers_only", False)
+        finally:
+            await client.aclose()
+            server.close()
+        return first + rest, queued, headers_at, first_at, queued_at, reading_heads
+
+    body, queued, headers_at, first_at, queued_at, reading_heads = asyncio.run(go())
+    assert body == b"data: one\n\ndata: two\n\n"
+    assert queued == [ONE + TWO]  # left by the head's read, not taken by h11
+    assert queued_at == [headers_at]  # with the arrival of the read that brought them
+    assert first_at == headers_at
+    assert not reading_heads  # only while the headers are awaited
