@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import logging
 import os
 import threading
@@ -91,6 +92,15 @@ class _ExitAfterUnrecoverable(logging.Handler):
 @worker_init.connect
 def _exit_after_unrecoverable(**_: Any) -> None:
     logging.getLogger("celery").addHandler(_ExitAfterUnrecoverable())
+
+
+@worker_init.connect
+def _freeze_startup_objects(**_: Any) -> None:
+    """Move what the worker loaded at start (Django, Celery, the modules, settings) out of the
+    collector's reach: a full collection then walks only what probes and tasks made since,
+    not the whole startup heap (one full collection a 200-stream run was 3-5% of the engine's
+    CPU, py-spy). The threads pool runs every task in this process, so it holds for them."""
+    gc.freeze()
 
 
 AUTOGROUP = Path("/proc/self/autogroup")
