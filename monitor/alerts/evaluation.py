@@ -20,9 +20,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import lru_cache
 from typing import NamedTuple, TypedDict, TypeVar
 
-from django.urls import reverse
+from django.urls import get_script_prefix, reverse
 
 from monitor.alerts.models import (
     KIND_AVAILABILITY,
@@ -101,7 +102,15 @@ def _stats(
 
 
 def _route_page(route: Route, rule: AlertRule) -> str:
-    return reverse("rw-route", args=[route.pk]) + f"?task={rule.task.slug}"
+    return _route_path(route.pk, get_script_prefix()) + f"?task={rule.task.slug}"
+
+
+@lru_cache(maxsize=1024)
+def _route_path(route_id: int, prefix: str) -> str:
+    """A route page's path (`prefix`: the script prefix reverse() reads, in the key so that a
+    cached path never carries another deployment's). Cached: the backtest names every route's
+    page in every hour it replays, and reverse() was a third of its time."""
+    return reverse("rw-route", args=[route_id])
 
 
 def _fmt(value: float | None, unit: str) -> str:
