@@ -8,6 +8,10 @@ partial hours at its edges from the raw results, folded exactly as ingest folds 
 rollup row (rollup_writes.stats_of): the same counts, error kinds and histograms, so the same
 percentiles and 95% intervals as the pages.
 
+Raw results are kept RAW_RETENTION_DAYS; an edge older than that (a baseline "the same hours
+last week" with a short retention) is read from the rollup rows of the hour it lies in, as
+before: a coarser window, never an empty one.
+
 Raw reads go through result_route_started and scenario_route_started (route, started_at): the
 task's routes and the edge's time range, at most two hours of them.
 """
@@ -16,6 +20,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.utils import timezone
 
 from monitor.models import GRAIN_HOUR, OUTCOME_OK, ProbeResult, ScenarioResult
 from monitor.stats import rollups
@@ -113,24 +120,33 @@ def task_stats(
     """The task's figures over exactly [since, until): per (route id, region id), or per
     (route id,) over all regions (then counts only from the rollups, as stats_over without
     histograms; the raw edges carry theirs)."""
-    whole = edges(since, until)
-    if whole is None:
-        return stats_of(_raw(task_id, route_ids, since, until), by_region=by_region)
-    first, end = whole
-    merged: Keyed = {}
-    parts = [
-        rollups.stats_over(
-            since=first,
-            until=end,
+    kept_from = timezone.now() - timedelta(days=settings.RAW_RETENTION_DAYS)
+
+    def hours(start: datetime, stop: datetime) -> Keyed:
+        # Whole hours: [start, stop) and the rest of the hours it touches.
+        return rollups.stats_over(
+            since=start,
+            until=stop,
             key_fields=["route_id", "region_id"] if by_region else ["route_id"],
             all_regions=not by_region,
             histograms=by_region,
             where={"task_id": task_id},
         )
-    ]
+
+    def raw(start: datetime, stop: datetime) -> Keyed:
+        if start < kept_from:
+            return hours(start, stop)
+        return stats_of(_raw(task_id, route_ids, start, stop), by_region=by_region)
+
+    whole = edges(since, until)
+    if whole is None:
+        return raw(since, until)
+    first, end = whole
+    merged: Keyed = {}
+    parts = [hours(first, end)]
     for start, stop in ((since, first), (end, until)):
         if start < stop:
-            parts.append(stats_of(_raw(task_id, route_ids, start, stop), by_region=by_region))
+            parts.append(raw(start, stop))
     for part in parts:
         for key, stats in part.items():
             into = merged.get(key)

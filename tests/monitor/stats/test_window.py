@@ -117,3 +117,15 @@ def test_a_window_reads_exactly_its_minutes_not_the_hours_it_touches(setup) -> N
         task_id=t.pk, route_ids=routes, since=now - timedelta(minutes=90), until=now
     )
     assert {s.count for s in found.values()} == {90}
+
+
+def test_an_edge_older_than_the_raw_results_kept_reads_its_hour_from_the_rollups(
+    setup, settings
+) -> None:
+    t, routes = setup
+    now = T0 + timedelta(hours=2, minutes=25)  # weeks ago: older than one day of raw results
+    settings.RAW_RETENTION_DAYS = 1
+    found = window.task_stats(
+        task_id=t.pk, route_ids=routes, since=now - timedelta(minutes=10), until=now
+    )
+    assert {s.count for s in found.values()} == {60}  # the hour 11:00, as the rollups hold it
