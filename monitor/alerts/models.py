@@ -7,6 +7,7 @@ Imported by monitor.models (one line), so Django finds these models under the `m
 from __future__ import annotations
 
 import datetime as dt
+import math
 import zoneinfo
 from typing import Any
 
@@ -63,6 +64,15 @@ ALERT_METRICS = [
 # task's users notice sooner.
 FOR_MINUTES_BY_CLASS = {"interactive": 5, "async": 10, "batch": 30}
 WINDOW_MINUTES_BY_CLASS = {"interactive": 60, "async": 60, "batch": 180}
+# A latency rule's default window: the time for this many probes at the task's interval, in
+# whole minutes (below the form's floor of 10 for a window typed in: a task probed every 10 s
+# gets 2 minutes, so that a slowdown shows in 10 probes, not in the 39 of 60 a 10-minute
+# window would need). A window of n probes that were all fast needs
+# n - l + 1 slow ones before the 95% lower bound of its percentile (the l-th sample,
+# monitor.stats.confidence.rank_bounds) is slow: 9 of 10 for a median, 4 of 20 for a p95
+# (whose point value needs 20, hist.MIN_SAMPLES). A longer window only makes a real slowdown
+# wait longer: 39 of 60 for a median.
+WINDOW_PROBES_BY_PERCENTILE = {50: 10, 95: 20}
 
 
 class AlertRule(models.Model):
@@ -169,7 +179,13 @@ class AlertRule(models.Model):
         return self.task.error_ceiling()
 
     def window(self) -> dt.timedelta:
-        minutes = self.window_minutes or WINDOW_MINUTES_BY_CLASS.get(self.task.latency_class, 60)
+        if self.window_minutes:
+            return dt.timedelta(minutes=self.window_minutes)
+        if self.kind == KIND_LATENCY:
+            q = int(self.effective_metric().rpartition("_p")[2])
+            probes = WINDOW_PROBES_BY_PERCENTILE.get(q, 20) * self.task.probe_interval_s
+            return dt.timedelta(minutes=math.ceil(probes / 60))
+        minutes = WINDOW_MINUTES_BY_CLASS.get(self.task.latency_class, 60)
         return dt.timedelta(minutes=minutes)
 
     def hold_for(self) -> dt.timedelta:

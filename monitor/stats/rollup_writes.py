@@ -34,6 +34,7 @@ from monitor.stats.rollups import (
     LATE_WRITES,
     Counters,
     Key,
+    Stats,
     bucket_start,
     settled_after,
 )
@@ -197,6 +198,32 @@ def _deltas(results: Iterable[ResultRow]) -> dict[Key, _Delta]:
                 key = (grain, start, r.task_id, r.route_id, region_id)
                 deltas.setdefault(key, _Delta()).add(r)
     return deltas
+
+
+def stats_of(
+    results: Iterable[ResultRow], *, by_region: bool = True
+) -> dict[tuple[int | None, ...], Stats]:
+    """Results folded as ingest folds them into a rollup row, read back as Stats: per
+    (route id, region id), or per (route id,) over all regions. For figures over an exact
+    window (monitor.stats.window), whose edges are parts of hours no rollup row holds alone:
+    the same counts, error kinds and histograms as the rows, so the same percentiles and
+    intervals."""
+    deltas: dict[tuple[int | None, ...], _Delta] = {}
+    for r in results:
+        if r.task_id is None:
+            continue  # ad-hoc probes are not part of any task's rollups
+        key: tuple[int | None, ...] = (r.route_id, r.region_id) if by_region else (r.route_id,)
+        deltas.setdefault(key, _Delta()).add(r)
+    found: dict[tuple[int | None, ...], Stats] = {}
+    for k, d in deltas.items():
+        stats = Stats(error_kinds=dict(d.error_kinds))
+        for name in COUNTERS:
+            setattr(stats, name, getattr(d, name))
+        for column, (attr, scale) in zip(HISTOGRAMS, _HIST_SOURCES, strict=True):
+            stats._defer(column, hist.build(getattr(d, attr), scale))
+        stats._seen(d.last_probe_at, d.last_ok_at)
+        found[k] = stats
+    return found
 
 
 def apply(results: Iterable[ResultRow]) -> int:

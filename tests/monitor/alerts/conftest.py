@@ -186,6 +186,7 @@ def latency_rule(s: Setup, *channels: AlertChannel, **kw: Any) -> AlertRule:
     kw.setdefault("for_minutes", 0)
     kw.setdefault("threshold_ms", 3000)
     kw.setdefault("metric", "e2e_p50")
+    kw.setdefault("window_minutes", 60)
     rule = AlertRule.objects.create(task=s.task, kind=KIND_LATENCY, is_enabled=True, **kw)
     rule.channels.set(channels)
     return rule

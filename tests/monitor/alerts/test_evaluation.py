@@ -158,3 +158,50 @@ def test_a_route_rate_limited_in_two_regions_is_one_finding_saying_how_many_must
     # One region alone is not enough.
     rule.min_regions = 3
     assert evaluation.evaluate(rule, NOW) == []
+
+
+def test_a_window_of_ten_minutes_reads_the_last_ten_not_the_fast_start_of_the_hour(
+    setup: Setup,
+) -> None:
+    # What made `make run` wait seven minutes: forty fast probes earlier in the hour, then
+    # ten slow ones, one every 30 s. The last ten minutes are slow only, whatever came before.
+    s = setup
+    us, eu, _ = s.regions
+    now = NOW + timedelta(minutes=45)
+    for region in (us, eu):
+        write(
+            [
+                f.payload(s.task, s.fast, region, NOW + timedelta(seconds=30 * i), e2e_ms=500)
+                for i in range(60)
+            ]
+        )
+        write(
+            [
+                f.payload(s.task, s.fast, region, now - timedelta(seconds=30 * i + 5), e2e_ms=6000)
+                for i in range(20)
+            ]
+        )
+    rule = latency_rule(s, window_minutes=10)
+    [finding] = evaluation.evaluate(rule, now)
+    assert finding.facts["samples"] == 20
+    assert finding.facts["regions"] == ["eu-west", "us-east"]
+    # A window that reaches back into the fast probes holds them again: not sure any more.
+    assert evaluation.evaluate(latency_rule(s, window_minutes=30), now) == []
+
+
+def test_a_latency_rules_default_window_holds_the_probes_its_lower_bound_needs(
+    setup: Setup,
+) -> None:
+    s = setup
+    s.task.latency_class = "interactive"
+    for interval_s, metric, minutes in (
+        (60, "e2e_p50", 10),  # the demo's interactive tasks: ten probes
+        (60, "e2e_p95", 20),
+        (300, "e2e_p50", 50),
+        (10, "e2e_p50", 2),  # whole minutes, under the form's floor of 10
+    ):
+        s.task.probe_interval_s = interval_s
+        rule = AlertRule(task=s.task, kind="latency", metric=metric)
+        assert rule.window() == timedelta(minutes=minutes)
+    # Other kinds keep the latency class's window.
+    assert AlertRule(task=s.task, kind=KIND_AVAILABILITY).window() == timedelta(minutes=60)
