@@ -207,17 +207,6 @@ class AlertRuleAdmin(admin.ModelAdmin[AlertRule]):
         ),
     ]
 
-    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
-        field = super().formfield_for_dbfield(db_field, request, **kwargs)
-        if db_field.name == "window_minutes" and field is not None:
-            # The model's help text (migration 0029) still describes the hourly read.
-            field.help_text = (
-                "Figures over exactly this trailing window. Empty: a latency rule takes the "
-                "time for 10 probes at the task's interval (20 for a p95); other kinds 60 "
-                "minutes (batch 180). Docs: Alerts, 'The window'."
-            )
-        return field
-
     def get_urls(self) -> list[URLPattern]:
         return [
             path(

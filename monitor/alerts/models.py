@@ -109,9 +109,10 @@ class AlertRule(models.Model):
     window_minutes = models.PositiveIntegerField(
         null=True,
         blank=True,
-        validators=[MinValueValidator(10)],
-        help_text="Figures over this trailing window (hourly rollups: the current hour and the "
-        "whole hours before it that the window touches). Empty: 60 (batch 180).",
+        validators=[MinValueValidator(1)],
+        help_text="Figures over exactly this trailing window. Empty: a latency rule takes the "
+        "time for 10 probes at the task's interval (20 for a p95); other kinds 60 minutes "
+        "(batch 180). Docs: Alerts, 'The window'.",
     )
     min_regions = models.PositiveIntegerField(
         "regions that must agree (K)",
