@@ -16,6 +16,15 @@ from django.contrib.auth.models import User
 from django.test import Client, override_settings
 from django.urls import reverse
 from django.utils import timezone
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeHistogramMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 from prometheus_client.openmetrics.parser import (
     text_string_to_metric_families as openmetrics_families,
 )
@@ -106,6 +115,59 @@ def test_promtool_check_metrics_accepts_a_real_scrape(reader: Client, probed_wor
     # The old hand-written text's faults are gone: no quantile label, no gauge named probes.
     assert 'quantile="' not in body
     assert "# TYPE routewatch_probes_total counter" in body
+
+
+class _Frozen:
+    """A collector that yields families read once, so two encoders see the same scrape."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)
+
+
+def _odd_families() -> list[Metric]:
+    """What the rollups never produce but the text format must encode alike: escapes in help
+    texts and label values, names to escape, OpenMetrics-only samples, timestamps, and values
+    whose text is special (infinities, NaN, negative zero, exponents)."""
+    counter = CounterMetricFamily(
+        "rw_odd", 'help with \\ and\na "quote"', labels=["b", "a"], created=1234.5
+    )
+    counter.add_metric(['x"y', "back\\slash\nnewline"], 3, timestamp=1700000000.25)
+    counter.add_metric(["ü", "é"], 0.0)
+    gauge = GaugeMetricFamily("rw.dotted", "a name to escape", labels=["le.x"])
+    for value in (float("inf"), float("-inf"), float("nan"), -0.0, 0.0, 1e22, 12345678.9, 1):
+        gauge.add_metric([repr(value)], value)
+    gauge.add_metric(["one more -0"], -0.0)
+    info = InfoMetricFamily("rw_build", "an info metric", value={"version": "1.2"})
+    gh = GaugeHistogramMetricFamily(
+        "rw_gh", "a gauge histogram", buckets=[("1.0", 2), ("+Inf", 3)], gsum_value=4.0
+    )
+    hist_family = HistogramMetricFamily(
+        "rw_h", "a histogram", buckets=[("0.5", 1), ("+Inf", 2)], sum_value=1.5
+    )
+    untyped = Metric("rw_unknown", "untyped", "unknown")
+    untyped.add_sample("rw_unknown", {}, 7.0)
+    return [counter, gauge, info, gh, hist_family, untyped]
+
+
+def test_the_text_format_is_prometheus_clients_own_byte_for_byte(
+    reader: Client, probed_world: World
+) -> None:
+    """/metrics writes Prometheus text 0.0.4 itself (a scrape's CPU is mostly its encoding):
+    the bytes of prometheus_client's generate_latest, over a real scrape's families and over
+    the odd cases the library escapes."""
+    beat("tick")
+    odd = f.route(probed_world.routes["tiny"].provider, 'we"ird\\model\nname')
+    probed_world.task.routes.add(odd)
+    families = list(metrics.RollupCollector(timezone.now()).collect())
+    assert sum(len(m.samples) for m in families) > 100
+    for found in (families, _odd_families()):
+        assert metrics.text_exposition(_Frozen(found)) == generate_latest(_Frozen(found))
+    # The page uses it for the plain text, and leaves OpenMetrics to the library.
+    assert scrape(reader).startswith("# HELP routewatch_")
+    assert scrape(reader, "application/openmetrics-text; version=1.0.0").endswith("# EOF\n")
 
 
 def test_it_speaks_openmetrics_to_a_scraper_that_asks_for_it(
