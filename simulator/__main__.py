@@ -88,6 +88,10 @@ def main(argv: list[str] | None = None) -> None:
     ssl_context = None
     if ns.tls or ns.certfile:
         ssl_context = tls_context(*_tls_files(ns), http2=not ns.no_http2)
+    try:
+        listeners = cluster.bind(ns.processes, ns.host, ns.port, ns.backlog)
+    except OSError as exc:
+        sys.exit(f"simulator: cannot listen on {ns.host}:{ns.port}: {exc}")
     # Everything loaded from here on (modules, the tokenizer) lives as long as the process (and
     # is shared by forked workers): a full collection walking it paused every stream for
     # 30-50 ms. Collections now see only what requests allocate.
@@ -97,24 +101,14 @@ def main(argv: list[str] | None = None) -> None:
     scheme = "https" if ssl_context else "http"
     serving = f"serving {', '.join(config.providers)} on {scheme}://{ns.host}:{ns.port}"
     if ns.processes == 1:
-        try:
-            listener = cluster.listening_socket(ns.host, ns.port, ns.backlog, reuse_port=False)
-        except OSError as exc:
-            sys.exit(f"simulator: cannot listen on {ns.host}:{ns.port}: {exc}")
-        _run_loop(ns.loop, _worker(ns, config, ssl_context, None, listener, serving))
+        _run_loop(ns.loop, _worker(ns, config, ssl_context, None, listeners[0], serving))
         return
-    try:
-        status = cluster.run(
-            ns.processes,
-            ns.host,
-            ns.port,
-            ns.backlog,
-            config,
-            lambda c, sock: _run_loop(ns.loop, _worker(ns, config, ssl_context, c, sock, "")),
-            lambda: print(f"simulator: {serving} ({ns.processes} processes)", flush=True),
-        )
-    except OSError as exc:
-        sys.exit(f"simulator: cannot listen on {ns.host}:{ns.port}: {exc}")
+    status = cluster.run(
+        listeners,
+        config,
+        lambda c, sock: _run_loop(ns.loop, _worker(ns, config, ssl_context, c, sock, "")),
+        lambda: print(f"simulator: {serving} ({ns.processes} processes)", flush=True),
+    )
     sys.exit(status)
 
 

@@ -234,22 +234,32 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def bind(processes: int, host: str, port: int, backlog: int) -> list[socket.socket]:
+    """The workers' listening sockets, bound now: a port in use fails before anything else."""
+    if not 1 <= processes <= MAX_PROCESSES:
+        raise ClusterError(f"--processes must be 1 to {MAX_PROCESSES}")
+    listeners: list[socket.socket] = []
+    try:
+        for _ in range(processes):
+            listeners.append(listening_socket(host, port, backlog, reuse_port=processes > 1))
+    except OSError:
+        for sock in listeners:
+            sock.close()
+        raise
+    return listeners
+
+
 def run(
-    processes: int,
-    host: str,
-    port: int,
-    backlog: int,
+    listeners: list[socket.socket],
     config: Config,
     worker: Callable[[Cluster, socket.socket], None],
     announce: Callable[[], None],
 ) -> int:
-    """Bind, fork `processes` workers (each runs `worker(cluster, its listening socket)` and
-    exits), keep the shared state, and stop them all on SIGTERM / SIGINT or when one dies.
-    Returns the exit status."""
-    if not 2 <= processes <= MAX_PROCESSES:
-        raise ClusterError(f"--processes must be 1 to {MAX_PROCESSES}")
+    """Fork a worker per listening socket (each runs `worker(cluster, its socket)` and exits),
+    keep the shared state, and stop them all on SIGTERM / SIGINT or when one dies. Returns the
+    exit status."""
+    processes = len(listeners)
     folder = Path(tempfile.mkdtemp(prefix="simulator-cluster-"))
-    listeners = [listening_socket(host, port, backlog, reuse_port=True) for _ in range(processes)]
     peers = [_unix_socket(folder / f"w{i}.sock", 128) for i in range(processes)]
     state_sock = _unix_socket(folder / "state.sock", 1024)
     parent = os.getpid()
