@@ -37,6 +37,8 @@ window's slots to close (result or missed). It reports, each against its target:
   task duration;
 - rows per second written in the window;
 - CPU (cores used) and memory (RSS) per component, PostgreSQL and Redis included;
+- the simulator's listen queue overflows during the run (the kernel's TcpExt ListenOverflows,
+  every listener's): 0 when the stand-in for the providers accepted every connection in time;
 - page server time p50/p95 per page (Django in this process, pages read one after another
   with a 0.5 s pause), idle (on the history, before the workers start: the same-run baseline)
   and during the load, with the ratio (target p95 < 100 ms). The celery workers run at the
@@ -125,6 +127,7 @@ def run(ns: argparse.Namespace) -> int:
     procs, beat = _processes(ns, setup)
     servers = _servers(setup.env)
     pages = Pages()
+    overflows_before = listen_overflows()
     try:
         window = _measure(ns, setup, procs, beat, pages, servers)
         if window is None:
@@ -134,7 +137,47 @@ def run(ns: argparse.Namespace) -> int:
         for p in reversed(procs):
             p.stop()
     report(ns, setup, window, idle, pages, urls)
+    _report_simulator(ns, overflows_before, listen_overflows())
     return 0
+
+
+def listen_overflows() -> dict[str, int]:
+    """The kernel's TcpExt ListenOverflows (a connection found its listener's accept queue
+    full) and ListenDrops (SYNs dropped at a listener, overflows included), from
+    /proc/net/netstat (what `nstat -az TcpExtListenOverflows` reads). Counted for every
+    listener of this network namespace, the simulator's and any other's."""
+    try:
+        lines = Path("/proc/net/netstat").read_text().splitlines()
+    except OSError:
+        return {}
+    for names, values in zip(lines[::2], lines[1::2], strict=False):
+        if names.startswith("TcpExt:"):
+            row = dict(zip(names.split()[1:], values.split()[1:], strict=False))
+            return {k: int(row[k]) for k in ("ListenOverflows", "ListenDrops") if k in row}
+    return {}
+
+
+def _report_simulator(
+    ns: argparse.Namespace, before: dict[str, int], after: dict[str, int]
+) -> None:
+    """Whether the stand-in for the providers kept up: a connection its listeners could not
+    take in time is a probe failing to connect (SYN retransmits) or waiting for headers."""
+    print(f"simulator: {ns.sim_processes} process(es), listen backlog {ns.sim_backlog} each")
+    if not before or not after:
+        print("  listen queue overflows: not readable here (/proc/net/netstat)")
+        return
+    overflows = after["ListenOverflows"] - before["ListenOverflows"]
+    drops = after["ListenDrops"] - before["ListenDrops"]
+    verdict = (
+        "the simulator kept up"
+        if overflows == 0 and drops == 0
+        else "a listener did not keep up (the simulator's unless another server overflowed): "
+        "probes failed connecting, the load was lighter than asked"
+    )
+    print(
+        f"  listen queue overflows during the run: {overflows:,} (SYNs dropped {drops:,}; "
+        f"the machine's, every listener's) -> {verdict}"
+    )
 
 
 def _prepare(ns: argparse.Namespace) -> Setup:
@@ -285,7 +328,8 @@ def _processes(ns: argparse.Namespace, setup: Setup) -> tuple[list[Proc], Proc]:
         return Proc(name, component, argv, env, tmp / f"{name}.log")
 
     simulator = [PY, "-m", "simulator", "--config", str(setup.mix.config)]
-    simulator += ["--port", str(setup.sim_port)]
+    simulator += ["--port", str(setup.sim_port), "--processes", str(ns.sim_processes)]
+    simulator += ["--backlog", str(ns.sim_backlog)]
     procs = [Proc("simulator", "simulator", simulator, env, tmp / "simulator.log")]
     # The tick alone, as the product runs it (monitor.pipeline.queues.SCHEDULE_QUEUE).
     one = ["--concurrency", "1"]
@@ -573,6 +617,16 @@ def main() -> None:
     )
     parser.add_argument("--phase", type=int, default=15, help="seconds per --alternate-nice phase")
     parser.add_argument("--flush", type=int, default=2, help="RW_RESULT_FLUSH_SECONDS")
+    parser.add_argument(
+        "--sim-processes",
+        type=int,
+        default=3,
+        help="the simulator's worker processes (python -m simulator --processes): one could not "
+        "accept 1,500 streams' connections in time on this machine",
+    )
+    parser.add_argument(
+        "--sim-backlog", type=int, default=4096, help="the simulator's listen queue per process"
+    )
     sys.exit(run(parser.parse_args()))
 
 

@@ -1,5 +1,5 @@
 """python -m simulator --config FILE --port N [--host 127.0.0.1] [--tls] [--certfile F --keyfile F]
-[--ca-out F] [--no-http2] [--seed N]"""
+[--ca-out F] [--no-http2] [--seed N] [--loop uvloop|asyncio] [--processes N] [--backlog N]"""
 
 from __future__ import annotations
 
@@ -7,13 +7,18 @@ import argparse
 import asyncio
 import gc
 import signal
+import socket
+import ssl
 import sys
 import tempfile
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
+from simulator import cluster
 from simulator.app import SimulatorApp
-from simulator.config import ConfigFileError, load
-from simulator.server import serve, tls_context
+from simulator.config import Config, ConfigFileError, load
+from simulator.server import serve_socket, tls_context
 
 
 def _tls_files(ns: argparse.Namespace) -> tuple[str, str]:
@@ -57,7 +62,23 @@ def main(argv: list[str] | None = None) -> None:
         default="uvloop",
         help="event loop (uvloop if installed)",
     )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="worker processes sharing the port (SO_REUSEPORT); see simulator/README.md",
+    )
+    parser.add_argument(
+        "--backlog",
+        type=int,
+        default=4096,
+        help="listen queue per process (the kernel caps it at net.core.somaxconn)",
+    )
     ns = parser.parse_args(argv)
+    if not 1 <= ns.processes <= cluster.MAX_PROCESSES:
+        parser.error(f"--processes must be 1 to {cluster.MAX_PROCESSES}")
+    if ns.backlog < 1:
+        parser.error("--backlog must be at least 1")
     if bool(ns.certfile) != bool(ns.keyfile):
         parser.error("--certfile and --keyfile go together")
     try:
@@ -67,29 +88,64 @@ def main(argv: list[str] | None = None) -> None:
     ssl_context = None
     if ns.tls or ns.certfile:
         ssl_context = tls_context(*_tls_files(ns), http2=not ns.no_http2)
-    app = SimulatorApp(config, seed=ns.seed)
-    app.warm_up()
-    # Everything loaded so far (modules, the tokenizer) lives as long as the process: a full
-    # collection walking it paused every stream for 30-50 ms. Collections now see only what
-    # requests allocate.
+    try:
+        listeners = cluster.bind(ns.processes, ns.host, ns.port, ns.backlog)
+    except OSError as exc:
+        sys.exit(f"simulator: cannot listen on {ns.host}:{ns.port}: {exc}")
+    # Everything loaded from here on (modules, the tokenizer) lives as long as the process (and
+    # is shared by forked workers): a full collection walking it paused every stream for
+    # 30-50 ms. Collections now see only what requests allocate.
+    SimulatorApp(config).warm_up()
     gc.collect()
     gc.freeze()
+    scheme = "https" if ssl_context else "http"
+    serving = f"serving {', '.join(config.providers)} on {scheme}://{ns.host}:{ns.port}"
+    if ns.processes == 1:
+        _run_loop(ns.loop, _worker(ns, config, ssl_context, None, listeners[0], serving))
+        return
+    status = cluster.run(
+        listeners,
+        config,
+        lambda c, sock: _run_loop(ns.loop, _worker(ns, config, ssl_context, c, sock, "")),
+        lambda: print(f"simulator: {serving} ({ns.processes} processes)", flush=True),
+    )
+    sys.exit(status)
 
+
+def _worker(
+    ns: argparse.Namespace,
+    config: Config,
+    ssl_context: ssl.SSLContext | None,
+    member: cluster.Cluster | None,
+    listener: socket.socket,
+    serving: str,
+) -> Callable[[], Coroutine[Any, Any, None]]:
     async def run() -> None:
-        server = await serve(app, ns.host, ns.port, ssl_context=ssl_context, http2=not ns.no_http2)
+        app = SimulatorApp(config, seed=ns.seed, cluster=member)
+        http2 = not ns.no_http2
+        server = await serve_socket(
+            app, listener, ssl_context=ssl_context, http2=http2, backlog=ns.backlog
+        )
+        servers = [server]
+        if member is not None:
+            servers.append(await serve_socket(app.peer, member.sockets["peer"], backlog=128))
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        scheme = "https" if ssl_context else "http"
-        print(
-            f"simulator: serving {', '.join(config.providers)} on {scheme}://{ns.host}:{ns.port}",
-            flush=True,
-        )
-        async with server:
+        if serving:
+            print(f"simulator: {serving}", flush=True)
+        try:
             await stop.wait()
+        finally:
+            for each in servers:
+                each.close()
 
-    if ns.loop == "uvloop":
+    return run
+
+
+def _run_loop(choice: str, run: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    if choice == "uvloop":
         try:
             import uvloop
         except ImportError:  # optional: plain asyncio works, with more send lag under load

@@ -23,8 +23,9 @@ import os
 import random
 import re
 import time
+from array import array
 from collections import OrderedDict, deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 
@@ -44,6 +45,9 @@ from simulator.wire import (
     StreamContext,
     WireFormat,
 )
+
+if TYPE_CHECKING:
+    from simulator.cluster import Cluster
 
 KEEP_TRUTHS = 10_000
 KEEP_LAGS = 2_000_000
@@ -74,8 +78,12 @@ _ids = itertools.count(1)
 
 
 class SimulatorApp:
-    def __init__(self, config: Config, seed: int | None = None) -> None:
+    def __init__(
+        self, config: Config, seed: int | None = None, cluster: Cluster | None = None
+    ) -> None:
         self.config = config
+        # One of `--processes N` workers: the caches and rate limits are the cluster's.
+        self.cluster = cluster
         self.truths: OrderedDict[str, Truth] = OrderedDict()
         # OpenAI-style providers cache prompt prefixes automatically; Anthropic only at
         # cache_control breakpoints.
@@ -91,7 +99,10 @@ class SimulatorApp:
             slug: generation.RateLimiter(p.requests_per_minute, p.tokens_per_minute)
             for slug, p in config.providers.items()
         }
-        self.rng = random.Random(seed)
+        # Each worker draws its own sequence, repeatable with --seed.
+        self.rng = random.Random(
+            seed if cluster is None or seed is None else f"{seed}/{cluster.index}"
+        )
         self.lags_ms: deque[float] = deque(maxlen=KEEP_LAGS)
         self.active_streams = 0
         self.requests_served = 0
@@ -105,7 +116,7 @@ class SimulatorApp:
     async def __call__(self, request: Request, responder: Responder) -> None:
         path = request.path
         if path.startswith("/_sim/"):
-            self._internal(request, responder)
+            await self._internal(request, responder)
             return
         slug, _, rest = path.strip("/").partition("/")
         provider = self.config.providers.get(slug)
@@ -120,24 +131,67 @@ class SimulatorApp:
     def _json(responder: Responder, status: int, data: Any) -> None:
         responder.respond(status, [("content-type", "application/json")], json.dumps(data).encode())
 
-    def _internal(self, request: Request, responder: Responder) -> None:
-        path = request.path
+    async def _internal(self, request: Request, responder: Responder) -> None:
+        path, cluster = request.path, self.cluster
         if path == "/_sim/health":
             self._json(responder, 200, {"status": "ok", "providers": list(self.config.providers)})
         elif path == "/_sim/stats":
+            requests, active, lags = self.requests_served, self.active_streams, list(self.lags_ms)
+            if cluster is not None:
+                for _, payload in await cluster.ask_siblings("GET", "/peer/stats"):
+                    head, _, raw = payload.partition(b"\n")
+                    counts = json.loads(head)
+                    requests += counts["requests"]
+                    active += counts["active_streams"]
+                    more = array("d")
+                    more.frombytes(raw)
+                    lags += more
             self._json(
                 responder,
                 200,
                 {
-                    "requests": self.requests_served,
-                    "active_streams": self.active_streams,
-                    "send_lag_ms": _percentiles(list(self.lags_ms)),
+                    "requests": requests,
+                    "active_streams": active,
+                    "send_lag_ms": _percentiles(lags),
+                    "processes": 1 if cluster is None else cluster.processes,
                 },
             )
         elif path == "/_sim/stats/reset":
             self.lags_ms.clear()
+            if cluster is not None:
+                await cluster.ask_siblings("POST", "/peer/stats/reset")
             self._json(responder, 200, {"status": "reset"})
         elif path.startswith("/_sim/requests/"):
+            request_id = path.rsplit("/", 1)[1]
+            truth = self.truths.get(request_id)
+            if truth is not None:
+                self._json(responder, 200, truth.to_json())
+                return
+            if cluster is not None:
+                # Served by another worker: its answer, as it gives it.
+                for status, payload in await cluster.ask_siblings(
+                    "GET", f"/peer/requests/{request_id}"
+                ):
+                    if status == 200:
+                        responder.respond(200, [("content-type", "application/json")], payload)
+                        return
+            self._json(responder, 404, {"error": "unknown request id"})
+        else:
+            self._json(responder, 404, {"error": "not found"})
+
+    async def peer(self, request: Request, responder: Responder) -> None:
+        """A sibling worker's questions, on this worker's Unix socket (never over TCP)."""
+        path = request.path
+        if path == "/peer/stats":
+            head = json.dumps(
+                {"requests": self.requests_served, "active_streams": self.active_streams}
+            ).encode()
+            body = head + b"\n" + array("d", self.lags_ms).tobytes()
+            responder.respond(200, [("content-type", "application/octet-stream")], body)
+        elif path == "/peer/stats/reset":
+            self.lags_ms.clear()
+            self._json(responder, 200, {"status": "reset"})
+        elif path.startswith("/peer/requests/"):
             truth = self.truths.get(path.rsplit("/", 1)[1])
             if truth is None:
                 self._json(responder, 404, {"error": "unknown request id"})
@@ -298,8 +352,9 @@ class SimulatorApp:
             truth.faults = sorted(faults)
         tokens, block_ends = await self._tokens(wire, prompt.parts)
         truth.input_tokens = len(tokens)
-        self._admit(provider, wire, faults, len(tokens), shaped.shape.max_tokens, headers)
-        plan = self._plan(provider, wire, profile, prompt, tokens, block_ends, shaped, request)
+        await self._admit(provider, wire, faults, len(tokens), shaped.shape.max_tokens, headers)
+        cached, created = await self._cached(provider, wire, profile, prompt, tokens, block_ends)
+        plan = self._plan(provider, profile, prompt, tokens, cached, created, shaped, request)
         truth.cached_tokens = plan.cached_tokens
         truth.cache_creation_tokens = plan.cache_creation_tokens
         truth.service_tier = plan.service_tier
@@ -334,7 +389,7 @@ class SimulatorApp:
         else:
             await self._whole(wire, ctx, responder, truth, headers)
 
-    def _admit(
+    async def _admit(
         self,
         provider: Provider,
         wire: WireFormat,
@@ -346,7 +401,10 @@ class SimulatorApp:
         """Count the request against the provider's rate limits and add their headers to
         `headers` (a 429 raised here or later carries them too); an HttpError where the limits
         or an injected fault refuse it."""
-        usage = self.limits[provider.slug].check(input_tokens, max_tokens)
+        if self.cluster is None:
+            usage = self.limits[provider.slug].check(input_tokens, max_tokens)
+        else:
+            usage = await self.cluster.limit(provider.slug, input_tokens, max_tokens)
         allowed, retry_after_s = usage.allowed, usage.retry_after_s
         if "http_429" in faults:
             allowed, retry_after_s = False, max(retry_after_s, 1.0)
@@ -366,7 +424,7 @@ class SimulatorApp:
         if "http_529" in faults:
             raise HttpError(529, "Overloaded")
 
-    def _plan(
+    async def _cached(
         self,
         provider: Provider,
         wire: WireFormat,
@@ -374,20 +432,43 @@ class SimulatorApp:
         prompt: Prompt,
         tokens: list[int],
         block_ends: list[int],
+    ) -> tuple[int, int]:
+        """(cached tokens, cache creation tokens): the provider's prompt cache looked up and
+        filled; the cluster's when this is one of several workers (only for a prompt the
+        cache could hold: one that is long enough, or has breakpoints)."""
+        slug, cluster = provider.slug, self.cluster
+        if wire.explicit_cache:
+            if cluster is not None and prompt.breakpoints:
+                return await cluster.cache(
+                    slug,
+                    profile.id,
+                    tokens,
+                    block_ends,
+                    prompt.breakpoints,
+                    profile.min_cacheable_tokens,
+                )
+            return self.breakpoint_caches[slug].lookup_and_store(
+                profile.id, tokens, block_ends, prompt.breakpoints, profile.min_cacheable_tokens
+            )
+        if cluster is not None and len(tokens) >= generation.MIN_CACHEABLE_TOKENS:
+            return await cluster.cache(slug, profile.id, tokens)
+        return self.caches[slug].lookup_and_store(profile.id, tokens), 0
+
+    def _plan(
+        self,
+        provider: Provider,
+        profile: Profile,
+        prompt: Prompt,
+        tokens: list[int],
+        cached: int,
+        created: int,
         shaped: ShapedRequest,
         request: Request,
     ) -> generation.Plan:
-        """What the model says and when, after the provider's prompt cache has been looked up
-        (and filled); x-sim-seed makes it repeatable."""
+        """What the model says and when, given what the provider's prompt cache held;
+        x-sim-seed makes it repeatable."""
         seed = request.headers.get("x-sim-seed", "").strip()
         rng = random.Random(int(seed)) if seed.lstrip("-").isdigit() else self.rng
-        created = 0
-        if wire.explicit_cache:
-            cached, created = self.breakpoint_caches[provider.slug].lookup_and_store(
-                profile.id, tokens, block_ends, prompt.breakpoints, profile.min_cacheable_tokens
-            )
-        else:
-            cached = self.caches[provider.slug].lookup_and_store(profile.id, tokens)
         shape = shaped.shape
         plan = generation.plan(
             profile, prompt.text, shape.max_tokens, cached, len(tokens), rng, shape

@@ -178,14 +178,16 @@ class OpenAIChat(WireFormat):
         frames = self._frames(ctx)
         yield from ctx.waiting_steps()
         yield ctx.data_at, frames.opening, FRAME
-        before, after = frames.before, frames.after
-        reasoning_key = b'{"' + ctx.reasoning_key.encode() + b'":'
+        # A token's chunk is head + its JSON string + tail: two concatenations per token.
+        before, tail = frames.before, b"}" + frames.after
+        reasoning_head = before + b'{"' + ctx.reasoning_key.encode() + b'":'
+        answer_head = before + b'{"content":'
         malformed_at = ctx.malformed_at
         for i, at, text, kind in ctx.pieces():
             if i == malformed_at:
                 yield None, b'data: {"choices": [{"delta": {"content": "oops"\n\n', FRAME
-            key = reasoning_key if kind == REASONING else b'{"content":'
-            yield at, before + key + _js(text) + b"}" + after, kind
+            head = reasoning_head if kind == REASONING else answer_head
+            yield at, head + _js(text) + tail, kind
         if ctx.cut is not None:
             yield from self._cut_steps(ctx)
             return

@@ -110,13 +110,15 @@ class Player:
 
     def _run(self) -> None:
         self.handle = None
-        responder, truth = self.responder, self.truth
+        responder, truth, steps = self.responder, self.truth, self.steps
+        write = responder.write
         while not responder.closed:
-            if self.step is None:
-                self.step = next(self.steps, None)
-                if self.step is None:
+            step = self.step
+            if step is None:
+                step = self.step = next(steps, None)
+                if step is None:
                     return self._end()
-            at, data, kind = self.step
+            at, data, kind = step
             if at is not None:
                 wait = at - _clock()
                 if wait > EARLY_S:
@@ -124,7 +126,7 @@ class Player:
                     return None
             self.step = None
             if kind == FRAME:
-                responder.write(data)
+                write(data)
                 continue
             if kind >= END:
                 if kind == END:
@@ -135,7 +137,7 @@ class Player:
                 return None  # STALL: send nothing more; done when the client leaves
             # A token step without bytes came in the previous step's chunk (a chunk of many
             # tokens, Gemini): it arrived when that chunk did.
-            sent = responder.write(data) if data else self.last_sent
+            sent = write(data) if data else self.last_sent
             self.last_sent = sent
             if at is not None:
                 lag_ms = (sent - at) * 1000.0

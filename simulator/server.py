@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import ssl
 import time
 from abc import ABC, abstractmethod
@@ -323,10 +324,15 @@ class _H1Responder(Responder):
     def write(self, data: bytes) -> float:
         if self.chunked:
             # Hand-framed chunk: h11 keeps no count for chunked bodies, and this skips its
-            # per-event machinery on the hot path (one streamed token = one call here).
+            # per-event machinery on the hot path (one streamed token = one call here), and
+            # Connection.write's frame: the transport is written to here.
             framed = b"%x\r\n%b\r\n" % (len(data), data)
-        else:
-            framed = (self.h1.h11.send(h11.Data(data)) or b"") if data else b""
+            transport = self.h1.conn.transport
+            now = _clock()
+            if transport is not None and not transport.is_closing():
+                transport.write(framed)
+            return now
+        framed = (self.h1.h11.send(h11.Data(data)) or b"") if data else b""
         now = _clock()
         self.h1.conn.write(framed)
         return now
@@ -565,6 +571,7 @@ async def serve(
     *,
     ssl_context: ssl.SSLContext | None = None,
     http2: bool = True,
+    backlog: int = 4096,
 ) -> asyncio.Server:
     """Start listening; the caller keeps the loop running (and closes the server)."""
     loop = asyncio.get_running_loop()
@@ -573,8 +580,28 @@ async def serve(
         host,
         port,
         ssl=ssl_context,
-        backlog=4096,
+        backlog=backlog,
         reuse_address=True,
+    )
+
+
+async def serve_socket(
+    handler: Handler,
+    sock: socket.socket,
+    *,
+    ssl_context: ssl.SSLContext | None = None,
+    http2: bool = True,
+    backlog: int = 4096,
+) -> asyncio.Server:
+    """Serve on a bound socket: a TCP socket of the cluster's (SO_REUSEPORT), or a Unix socket
+    (HTTP/1.1 only). asyncio and uvloop call listen() again, with `backlog`."""
+    loop = asyncio.get_running_loop()
+    if sock.family == socket.AF_UNIX:
+        return await loop.create_unix_server(
+            lambda: Connection(handler, http2=False), sock=sock, backlog=backlog
+        )
+    return await loop.create_server(
+        lambda: Connection(handler, http2=http2), sock=sock, ssl=ssl_context, backlog=backlog
     )
 
 

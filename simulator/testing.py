@@ -27,7 +27,7 @@ class SimulatorProcess:
 
     Runs `python -m simulator` on a free 127.0.0.1 port and waits for /_sim/health.
     tls=True: HTTPS with a trustme CA written to `ca_pem_path`. http2=False: the server offers
-    HTTP/1.1 only (no ALPN h2, no h2c).
+    HTTP/1.1 only (no ALPN h2, no h2c). processes=N: N worker processes on the port.
     """
 
     def __init__(
@@ -38,11 +38,13 @@ class SimulatorProcess:
         http2: bool = True,
         port: int | None = None,
         seed: int | None = None,
+        processes: int = 1,
     ) -> None:
         self.config = Path(config)
         self.tls = tls
         self.http2 = http2
         self.seed = seed
+        self.processes = processes
         self.port = port or free_port()
         self.folder = Path(tempfile.mkdtemp(prefix="simulator-"))
         self.ca_pem_path = self.folder / "ca.pem"
@@ -69,6 +71,8 @@ class SimulatorProcess:
             argv.append("--no-http2")
         if self.seed is not None:
             argv += ["--seed", str(self.seed)]
+        if self.processes != 1:
+            argv += ["--processes", str(self.processes)]
         self.proc = subprocess.Popen(
             argv, cwd=ROOT, stdout=self.log_path.open("wb"), stderr=subprocess.STDOUT
         )
