@@ -116,3 +116,78 @@ def test_the_route_page_says_what_a_point_is(
         "Each point is one hour: the p50 of that hour's successful probes, and the p95 of the"
         " 2 h and p99 of the 9 h ending with it"
     ) in body
+
+
+@pytest.fixture
+def uneven(db: None) -> tuple[Task, Route, Region]:
+    """Two regions probed at rates that change from hour to hour: hours with no probe, hours
+    whose every probe failed, a few slow outliers, over 3 days."""
+    p = f.provider()
+    route = f.route(p, "m1")
+    eu, us = f.region("eu-west"), f.region("us-east")
+    task = f.task("qa", [route], [eu, us])
+    rng = random.Random(11)
+    payloads = []
+    for hour in range(72):
+        for region in (eu, us):
+            rate = rng.choice((0, 3, 6, 12, 12, 12, 30))
+            failing = rng.random() < 0.05
+            for i in range(rate):
+                at = T0 + timedelta(hours=hour, minutes=60 * i / rate)
+                slow = rng.random() < 0.02
+                payloads.append(
+                    f.payload(
+                        task,
+                        route,
+                        region,
+                        at,
+                        ttft_ms=rng.lognormvariate(6, 0.5) * (40 if slow else 1),
+                        ttfat_ms=rng.lognormvariate(6.5, 0.5),
+                        e2e_ms=rng.lognormvariate(7.5, 0.4),
+                        tps=rng.uniform(20, 150),
+                        outcome="error" if failing else "ok",
+                        error_kind="http_5xx" if failing else "",
+                    )
+                )
+    ingest.ingest(payloads)
+    return task, route, eu
+
+
+@pytest.mark.parametrize("in_region", [True, False])
+def test_every_tail_point_is_the_percentile_of_its_span_merged(
+    uneven: tuple[Task, Route, Region], in_region: bool
+) -> None:
+    """Each tail point equals hist.percentile of its span's hourly histograms merged (the
+    rollups' own rows, read apart), with the span's sample count; a point whose own hour has
+    no successful probe is a gap."""
+    task, route, eu = uneven
+    region = eu if in_region else None
+    now = T0 + timedelta(hours=71, minutes=30)
+    window = RANGES["7d"]
+    first = now.replace(minute=0) - timedelta(days=3) + timedelta(hours=5)
+    count = 67
+    counts, found = tails.tails(task, route, region, GRAIN_HOUR, first, count, window.length)
+    rows = Rollup.objects.filter(grain=GRAIN_HOUR, task=task, route=route)
+    rows = rows.filter(region=region) if region is not None else rows.filter(region__isnull=True)
+    hours = {r.bucket_start: r for r in rows}
+    assert counts == [
+        hours[h].count_ok if (h := first + timedelta(hours=i)) in hours else 0 for i in range(count)
+    ]
+    assert set(found) == {95, 99}
+    drawn = 0
+    for q, tail in found.items():
+        assert tail.width > 1
+        for i in range(count):
+            at = first + timedelta(hours=i)
+            span = [hours[h] for w in range(tail.width) if (h := at - timedelta(hours=w)) in hours]
+            if at not in hours or hours[at].count_ok == 0:
+                assert (tail.points[i], tail.samples[i]) == (None, 0), (q, i)
+                continue
+            assert tail.samples[i] == sum(r.count_ok for r in span), (q, i)
+            expected = [
+                hist.percentile(hist.merge(getattr(r, column) for r in span), q, scale)
+                for column, scale in tails.HISTOGRAMS
+            ]
+            assert tail.points[i] == expected, (q, i)
+            drawn += expected[0] is not None
+    assert drawn > 20  # the check is not about gaps only
