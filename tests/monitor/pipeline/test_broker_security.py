@@ -154,8 +154,11 @@ def test_a_forged_or_replayed_batch_is_refused_and_no_key_leaves_the_worker(
 ) -> None:
     attacker_url, seen = attacker
     _world(f"{sim.base_url}/fastchip/v1", region_worker.key)
-    message, expires = _planned_batch()
-    genuine = signing.seal_dispatch(signing.KIND_BATCH, f"probes.{REGION}", message, expires)
+    message, _expires = _planned_batch()
+    # Valid for two minutes, not the slot's grace: the steps before the genuine run (5.) take
+    # seconds on a loaded machine, and an expired batch would be refused as expired, not run.
+    valid_until = timezone.now() + timedelta(minutes=2)
+    genuine = signing.seal_dispatch(signing.KIND_BATCH, f"probes.{REGION}", message, valid_until)
 
     # 1. The genuine batch's base URL pointed at the attacker, signature left as it was.
     tampered = copy.deepcopy(genuine)
