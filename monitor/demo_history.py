@@ -16,7 +16,7 @@ calls drawn one after another on the route as probes.scenario makes them (each c
 the document plus the conversation so far, the step's token limit, the scenario's deadline
 stopping a call that would overrun it), stored as monitor.pipeline.ingest.scenarios.ingest_scenario
 stores one (a ScenarioResult, its calls as ProbeResult rows through ingest.insert_rows) and
-folded into the rollups by its `rollup_row`, a day of them at a time.
+folded into the rollups by `rollup_writes.scenario_row`, a day of them at a time.
 
 Every row is marked `generated` (ProbeResult, RaceRun, ScenarioResult); pages say so and can
 leave it out (monitor.pages.common.demo_history). It is never added to a database that holds a

@@ -38,7 +38,6 @@ from monitor.models import (
 from monitor.pipeline.beat.slots import phase_s, slot_number
 from monitor.pipeline.ingest import results as ingest
 from monitor.pipeline.ingest import rows as ingest_rows
-from monitor.pipeline.ingest import scenarios
 from monitor.stats import rollup_writes
 from probes.errors import Kind
 from probes.scenario import MIN_CALL_S
@@ -298,7 +297,7 @@ def write_scenarios(
 ) -> tuple[int, int]:
     """Run the due scenarios and store them as ingest_scenario does: each ScenarioResult with
     its calls' totals, its calls as ProbeResult rows (not folded in one by one), the scenario
-    folded into the rollups by its rollup_row. A run that would end after `end` is still
+    folded into the rollups by rollup_writes.scenario_row. A run that would end after `end` is still
     running: left out. Returns how many runs and calls were written."""
     made: list[tuple[ScenarioResult, list[tuple[Any, ...]]]] = []
     for runs, at in due:
@@ -322,7 +321,7 @@ def write_scenarios(
         started = [row[_COLUMN["started_at"]] for row in linked]
         if started:  # the pages' one-row record of the generated history (as ingest keeps it)
             GeneratedSpan.widen(min(started), max(started))
-        rollup_writes.apply([scenarios.rollup_row(result) for result in stored])
+        rollup_writes.apply([rollup_writes.scenario_row(result) for result in stored])
     return len(stored), len(inserted)
 
 

@@ -25,11 +25,12 @@ import re
 import time
 from array import array
 from collections import OrderedDict, deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgpack
 
 from simulator import generation
+from simulator.cluster import Cluster, SharedState
 from simulator.config import FAULTS, Config, Profile, Provider
 from simulator.formats import FORMATS
 from simulator.player import Player, Truth
@@ -45,9 +46,6 @@ from simulator.wire import (
     StreamContext,
     WireFormat,
 )
-
-if TYPE_CHECKING:
-    from simulator.cluster import Cluster
 
 KEEP_TRUTHS = 10_000
 KEEP_LAGS = 2_000_000
@@ -85,20 +83,10 @@ class SimulatorApp:
         # One of `--processes N` workers: the caches and rate limits are the cluster's.
         self.cluster = cluster
         self.truths: OrderedDict[str, Truth] = OrderedDict()
-        # OpenAI-style providers cache prompt prefixes automatically; Anthropic only at
-        # cache_control breakpoints.
-        self.caches = {
-            slug: generation.PromptCache(p.cache_ttl_s) for slug, p in config.providers.items()
-        }
-        self.breakpoint_caches = {
-            slug: generation.BreakpointCache()
-            for slug, p in config.providers.items()
-            if FORMATS[p.wire].explicit_cache
-        }
-        self.limits = {
-            slug: generation.RateLimiter(p.requests_per_minute, p.tokens_per_minute)
-            for slug, p in config.providers.items()
-        }
+        # The providers' prompt caches (OpenAI-style providers cache prompt prefixes
+        # automatically; Anthropic only at cache_control breakpoints) and rate-limit windows:
+        # this process's own; a cluster's worker asks the parent's for the ones it shares.
+        self.state = SharedState(config)
         # Each worker draws its own sequence, repeatable with --seed.
         self.rng = random.Random(
             seed if cluster is None or seed is None else f"{seed}/{cluster.index}"
@@ -402,7 +390,7 @@ class SimulatorApp:
         `headers` (a 429 raised here or later carries them too); an HttpError where the limits
         or an injected fault refuse it."""
         if self.cluster is None:
-            usage = self.limits[provider.slug].check(input_tokens, max_tokens)
+            usage = self.state.limits[provider.slug].check(input_tokens, max_tokens)
         else:
             usage = await self.cluster.limit(provider.slug, input_tokens, max_tokens)
         allowed, retry_after_s = usage.allowed, usage.retry_after_s
@@ -447,12 +435,12 @@ class SimulatorApp:
                     prompt.breakpoints,
                     profile.min_cacheable_tokens,
                 )
-            return self.breakpoint_caches[slug].lookup_and_store(
+            return self.state.breakpoint_caches[slug].lookup_and_store(
                 profile.id, tokens, block_ends, prompt.breakpoints, profile.min_cacheable_tokens
             )
         if cluster is not None and len(tokens) >= generation.MIN_CACHEABLE_TOKENS:
             return await cluster.cache(slug, profile.id, tokens)
-        return self.caches[slug].lookup_and_store(profile.id, tokens), 0
+        return self.state.caches[slug].lookup_and_store(profile.id, tokens), 0
 
     def _plan(
         self,

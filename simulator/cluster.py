@@ -106,8 +106,9 @@ def _json(responder: Responder, status: int, data: Any) -> None:
 
 
 class SharedState:
-    """The providers' prompt caches and rate-limit windows, the same objects a single
-    process uses; served to the workers over `state.sock`."""
+    """The providers' prompt caches and rate-limit windows: a single process's own
+    (SimulatorApp.state), or the cluster's, kept in the parent and served to the workers over
+    `state.sock`."""
 
     def __init__(self, config: Config) -> None:
         self.caches = {

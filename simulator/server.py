@@ -324,15 +324,10 @@ class _H1Responder(Responder):
     def write(self, data: bytes) -> float:
         if self.chunked:
             # Hand-framed chunk: h11 keeps no count for chunked bodies, and this skips its
-            # per-event machinery on the hot path (one streamed token = one call here), and
-            # Connection.write's frame: the transport is written to here.
+            # per-event machinery on the hot path (one streamed token = one call here).
             framed = b"%x\r\n%b\r\n" % (len(data), data)
-            transport = self.h1.conn.transport
-            now = _clock()
-            if transport is not None and not transport.is_closing():
-                transport.write(framed)
-            return now
-        framed = (self.h1.h11.send(h11.Data(data)) or b"") if data else b""
+        else:
+            framed = (self.h1.h11.send(h11.Data(data)) or b"") if data else b""
         now = _clock()
         self.h1.conn.write(framed)
         return now

@@ -25,6 +25,7 @@ from monitor.models import (
     OUTCOME_OK,
     Heartbeat,
     Rollup,
+    ScenarioResult,
 )
 from monitor.stats import hist
 from monitor.stats.rollups import (
@@ -198,6 +199,31 @@ def _deltas(results: Iterable[ResultRow]) -> dict[Key, _Delta]:
                 key = (grain, start, r.task_id, r.route_id, region_id)
                 deltas.setdefault(key, _Delta()).add(r)
     return deltas
+
+
+def scenario_row(scenario: ScenarioResult) -> ResultRow:
+    """A scenario as rollups fold it: one result per slot, its app e2e, no single-call
+    latencies (its calls are not the task's probes)."""
+    return ResultRow(
+        task_id=scenario.task_id,
+        route_id=scenario.route_id,
+        region_id=scenario.region_id,
+        slot_at=scenario.slot_at,
+        started_at=scenario.started_at,
+        outcome=scenario.outcome,
+        error_kind=scenario.error_kind,
+        ttft_ms=None,
+        ttfat_ms=None,
+        e2e_ms=None,
+        tps=None,
+        reference=True,
+        quality_pass=scenario.validation_pass,
+        cached_tokens=scenario.cached_tokens,
+        input_tokens=scenario.input_tokens,
+        output_tokens=scenario.output_tokens,
+        cost_usd=scenario.cost_usd,
+        app_e2e_ms=scenario.app_e2e_ms if scenario.outcome == OUTCOME_OK else None,
+    )
 
 
 def stats_of(

@@ -24,9 +24,9 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from monitor.models import GRAIN_HOUR, OUTCOME_OK, ProbeResult, ScenarioResult
+from monitor.models import GRAIN_HOUR, ProbeResult, ScenarioResult
 from monitor.stats import rollups
-from monitor.stats.rollup_writes import ResultRow, stats_of
+from monitor.stats.rollup_writes import ResultRow, scenario_row, stats_of
 from monitor.stats.rollups import Stats, bucket_start
 
 Keyed = dict[tuple[int | None, ...], Stats]
@@ -35,22 +35,12 @@ HOUR = timedelta(hours=1)
 
 # ResultRow's fields as ProbeResult columns (app e2e is a scenario's, not a column).
 _PROBE_COLUMNS = [f for f in ResultRow._fields if f != "app_e2e_ms"]
-
-_SCENARIO_COLUMNS = [
-    "task_id",
-    "route_id",
-    "region_id",
-    "slot_at",
-    "started_at",
-    "outcome",
-    "error_kind",
-    "validation_pass",
-    "cached_tokens",
-    "input_tokens",
-    "output_tokens",
-    "cost_usd",
+# What rollup_writes.scenario_row reads of a scenario.
+_SCENARIO_FIELDS = (
+    "task_id", "route_id", "region_id", "slot_at", "started_at", "outcome", "error_kind",
+    "validation_pass", "cached_tokens", "input_tokens", "output_tokens", "cost_usd",
     "app_e2e_ms",
-]
+)  # fmt: skip
 
 
 def _raw(
@@ -58,7 +48,7 @@ def _raw(
 ) -> list[ResultRow]:
     """The task's results of [since, until) as ingest hands them to the rollups: single probes
     and missed slots (a scenario's calls are not the task's probes), and each scenario as one
-    result with its app e2e (monitor.pipeline.ingest.scenarios.rollup_row)."""
+    result with its app e2e (rollup_writes.scenario_row)."""
     span = {"started_at__gte": since, "started_at__lt": until}
     found = [
         ResultRow(*values)
@@ -68,34 +58,8 @@ def _raw(
         .order_by()
         .values_list(*_PROBE_COLUMNS)
     ]
-    for values in (
-        ScenarioResult.objects.filter(task_id=task_id, route_id__in=route_ids, **span)
-        .order_by()
-        .values_list(*_SCENARIO_COLUMNS)
-    ):
-        s = dict(zip(_SCENARIO_COLUMNS, values, strict=True))
-        found.append(
-            ResultRow(
-                task_id=s["task_id"],
-                route_id=s["route_id"],
-                region_id=s["region_id"],
-                slot_at=s["slot_at"],
-                started_at=s["started_at"],
-                outcome=s["outcome"],
-                error_kind=s["error_kind"],
-                ttft_ms=None,
-                ttfat_ms=None,
-                e2e_ms=None,
-                tps=None,
-                reference=True,
-                quality_pass=s["validation_pass"],
-                cached_tokens=s["cached_tokens"],
-                input_tokens=s["input_tokens"],
-                output_tokens=s["output_tokens"],
-                cost_usd=s["cost_usd"],
-                app_e2e_ms=s["app_e2e_ms"] if s["outcome"] == OUTCOME_OK else None,
-            )
-        )
+    scenarios = ScenarioResult.objects.filter(task_id=task_id, route_id__in=route_ids, **span)
+    found += [scenario_row(s) for s in scenarios.order_by().only(*_SCENARIO_FIELDS)]
     return found
 
 

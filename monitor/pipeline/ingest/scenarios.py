@@ -35,7 +35,6 @@ from monitor.pipeline.messages import (
     scenario_payload_from_json,
 )
 from monitor.stats import health, rollup_writes
-from monitor.stats.rollup_writes import ResultRow
 
 log = logging.getLogger(__name__)
 
@@ -168,35 +167,10 @@ def ingest_scenario(
             # measured in time: the real result replaces the missed one, in the rollups too.
             take_back_missed((slot.task_id, slot.route_id, slot.region_id, slot.slot_at))
         ProbeSlot.objects.filter(pk=slot.pk).update(status=SLOT_DONE)
-        rollup_writes.apply([rollup_row(scenario)])
+        rollup_writes.apply([rollup_writes.scenario_row(scenario)])
         if from_region is not None:  # a live slot of the schedule (monitor.stats.health)
-            health.count([rollup_row(scenario)])
+            health.count([rollup_writes.scenario_row(scenario)])
     return scenario
-
-
-def rollup_row(scenario: ScenarioResult) -> ResultRow:
-    """A scenario as rollups fold it: one result per slot, its app e2e, no single-call
-    latencies (its calls are not the task's probes)."""
-    return ResultRow(
-        task_id=scenario.task_id,
-        route_id=scenario.route_id,
-        region_id=scenario.region_id,
-        slot_at=scenario.slot_at,
-        started_at=scenario.started_at,
-        outcome=scenario.outcome,
-        error_kind=scenario.error_kind,
-        ttft_ms=None,
-        ttfat_ms=None,
-        e2e_ms=None,
-        tps=None,
-        reference=True,
-        quality_pass=scenario.validation_pass,
-        cached_tokens=scenario.cached_tokens,
-        input_tokens=scenario.input_tokens,
-        output_tokens=scenario.output_tokens,
-        cost_usd=scenario.cost_usd,
-        app_e2e_ms=scenario.app_e2e_ms if scenario.outcome == OUTCOME_OK else None,
-    )
 
 
 def _finite(value: float | None) -> float | None:
