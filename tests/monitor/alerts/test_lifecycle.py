@@ -279,3 +279,9 @@ def test_the_history_page_shows_every_change_and_who_was_told(
     assert 'data-event="fired"' in body
     assert "ops hook: sent" in body
     assert "Why:" in body
+    # When it began (its first slow probe, 30 minutes back) and when the rule was sure.
+    began = NOW - timedelta(minutes=30)
+    assert f"slow since {began:%H:%M:%S} UTC, confident since {NOW:%H:%M:%S}" in body
+    assert f"slow since {began:%H:%M:%S} UTC, confident since {NOW:%H:%M:%S}: " in (
+        AlertEvent.objects.get(kind="pending").note
+    )
