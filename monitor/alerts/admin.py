@@ -298,7 +298,16 @@ class AlertEventInline(admin.TabularInline[AlertEvent, Alert]):
 
 @admin.register(Alert)
 class AlertAdmin(admin.ModelAdmin[Alert]):
-    list_display = ["summary", "rule", "state", "started_at", "fired_at", "resolved_at", "acked_at"]
+    list_display = [
+        "summary",
+        "rule",
+        "state",
+        "onset_at",
+        "started_at",
+        "fired_at",
+        "resolved_at",
+        "acked_at",
+    ]
     list_filter = ["state", "rule__kind"]
     inlines = [AlertEventInline]
 
