@@ -173,3 +173,23 @@ def test_the_backtest_counts_the_minimum_duration_from_the_onset_too(setup: Setu
     # Evaluated hourly: first sure at start + 2 h (the first hour alone is not), onset at
     # start, so 2 h >= 90 min at once.
     assert firing.at == start + timedelta(hours=2)
+
+
+def test_an_alerts_onset_is_when_k_regions_were_past_the_line_at_once(setup: Setup) -> None:
+    s = setup
+    us, eu, ap = s.regions
+    later = T0 + timedelta(minutes=1)
+    rows = []
+    for region, slow_from in ((us, T0), (eu, later), (ap, NOW)):
+        rows += _every(s, s.fast, region, T0 - timedelta(minutes=10), slow_from, e2e_ms=900.0)
+        rows += _every(s, s.fast, region, slow_from, NOW, e2e_ms=6000.0)
+    write(rows)
+    now = T0 + timedelta(minutes=5)  # the window (5 minutes) starts at T0
+    two = latency_rule(s, window_minutes=5, min_regions=2)
+    [finding] = evaluation.evaluate(two, now)
+    assert finding.facts["regions"] == ["eu-west", "us-east"]
+    # us-east alone from T0; both (K = 2) from eu-west's first slow probe.
+    assert lifecycle.onset_for(two, finding, now) == later
+    one = latency_rule(s, window_minutes=5, min_regions=1)
+    [finding] = evaluation.evaluate(one, now)
+    assert lifecycle.onset_for(one, finding, now) == T0
