@@ -5,9 +5,9 @@ The rule is evaluated hour by hour over the last DAYS days with the live evaluat
 columns the rule needs) and slid over in memory: a month of a task's rows in the generated
 demo history answers in well under the admin's 2 s budget. A breach counts as a firing as it
 does live: once it has held for the rule's minimum duration counted from the onset of its
-evidence (monitor.alerts.onset, on each hour's count past the line instead of single probes:
-the earliest hour past the line from which on the figure is, within the window and after the
-subject's last resolution), confident at every evaluation in between.
+evidence (monitor.alerts.onset's change point, on each hour's count past the line instead of
+single probes, within the window and after the subject's last resolution: the start of an
+hour), confident at every evaluation in between.
 
 Rules on live state only (no route qualifies, stale figures, missed slots, spend cap, served
 model) have no hourly history to replay: their backtest says so, except "the winner changed",

@@ -3,10 +3,11 @@ event that tells someone an AlertNotification per channel, all in one transactio
 
 - A breach opens a pending alert; it fires once it has held for the rule's minimum duration
   (AlertRule.hold_for), counted from the onset of its evidence in data time
-  (monitor.alerts.onset: for rules on probes in a window, the first probe of a stretch past
+  (monitor.alerts.onset: for rules on probes in a window, the first probe of the stretch past
   the line, never before the window nor the subject's last resolution), not from the first
-  confident evaluation; it must stay confident at every evaluation until it fires. A subject the rule no longer finds breached resolves at once
-  (auto-resolve): a pending one quietly, a firing one with a notification.
+  confident evaluation; it must stay confident at every evaluation until it fires. A subject
+  the rule no longer finds breached resolves at once (auto-resolve): a pending one quietly,
+  a firing one with a notification.
 - While firing and not acknowledged: a reminder every remind_every_minutes (not while
   snoozed), and one escalation to the escalation channels after escalate_after_minutes.
 - Event rules (winner changed, served model changed) notify once per event and are resolved
@@ -242,8 +243,8 @@ def _open(rule: AlertRule, finding: Finding, now: datetime, *, state: str) -> Al
 
 
 def _since_note(alert: Alert) -> str:
-    """ "past the line since 10:02:13 UTC (confident since 10:03:01): " when the evidence
-    began before the first confident evaluation."""
+    """The pending event's lead, "slow since 10:02:13 UTC, confident since 10:03:01: ", when
+    the evidence began before the first confident evaluation."""
     if alert.onset_at is None or alert.onset_at >= alert.started_at:
         return ""
     return f"{alert.since_text()}: "
