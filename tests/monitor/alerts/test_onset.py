@@ -12,6 +12,7 @@ from typing import Any
 from monitor.alerts import backtest, delivery, evaluation, lifecycle
 from monitor.alerts.models import (
     KIND_AVAILABILITY,
+    KIND_RATE_LIMIT,
     STATE_FIRING,
     STATE_RESOLVED,
     Alert,
@@ -193,3 +194,14 @@ def test_an_alerts_onset_is_when_k_regions_were_past_the_line_at_once(setup: Set
     one = latency_rule(s, window_minutes=5, min_regions=1)
     [finding] = evaluation.evaluate(one, now)
     assert lifecycle.onset_for(one, finding, now) == T0
+
+
+def test_a_rate_limit_onset_is_the_first_429(setup: Setup) -> None:
+    s = setup
+    _slowdown(s, outcome="error", error_kind="http_429")
+    rule = AlertRule.objects.create(
+        task=s.task, kind=KIND_RATE_LIMIT, window_minutes=10, is_enabled=True
+    )
+    now = T0 + timedelta(minutes=2)
+    [finding] = evaluation.evaluate(rule, now)
+    assert lifecycle.onset_for(rule, finding, now) == T0
