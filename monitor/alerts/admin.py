@@ -151,6 +151,9 @@ def send_test(channel: AlertChannel) -> tuple[str, str]:
         regions_total=None,
         regions_needed=None,
         at=now.isoformat(),
+        onset_at="",
+        confident_at="",
+        since="",
         url=site_url(reverse("rw-alerts")),
         history_url=site_url(reverse("rw-alerts")),
         ack_url="",
@@ -295,7 +298,16 @@ class AlertEventInline(admin.TabularInline[AlertEvent, Alert]):
 
 @admin.register(Alert)
 class AlertAdmin(admin.ModelAdmin[Alert]):
-    list_display = ["summary", "rule", "state", "started_at", "fired_at", "resolved_at", "acked_at"]
+    list_display = [
+        "summary",
+        "rule",
+        "state",
+        "onset_at",
+        "started_at",
+        "fired_at",
+        "resolved_at",
+        "acked_at",
+    ]
     list_filter = ["state", "rule__kind"]
     inlines = [AlertEventInline]
 

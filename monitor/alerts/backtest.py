@@ -3,8 +3,11 @@
 The rule is evaluated hour by hour over the last DAYS days with the live evaluator
 (monitor.alerts.evaluation), on the task's hourly rollup rows read once (one query, only the
 columns the rule needs) and slid over in memory: a month of a task's rows in the generated
-demo history answers in well under the admin's 2 s budget. A breach counts as a firing when it
-begins (the subject was clear the hour before) and holds for the rule's minimum duration.
+demo history answers in well under the admin's 2 s budget. A breach counts as a firing as it
+does live: once it has held for the rule's minimum duration counted from the onset of its
+evidence (monitor.alerts.onset's change point, on each hour's count past the line instead of
+single probes, within the window and after the subject's last resolution: the start of an
+hour), confident at every evaluation in between.
 
 Rules on live state only (no route qualifies, stale figures, missed slots, spend cap, served
 model) have no hourly history to replay: their backtest says so, except "the winner changed",
@@ -20,7 +23,7 @@ from datetime import datetime, timedelta
 
 from django.db.models import Prefetch
 
-from monitor.alerts import evaluation
+from monitor.alerts import evaluation, onset
 from monitor.alerts.evaluation import BASELINE_OFFSET, Keyed
 from monitor.alerts.models import (
     KIND_AVAILABILITY,
@@ -137,19 +140,51 @@ def run(rule: AlertRule, now: datetime, days: int = DAYS) -> Backtest:
             hour += timedelta(hours=1)
         return merged
 
-    breached_since: dict[str, datetime] = {}
+    def onset_of(finding: evaluation.Finding, at: datetime, floor: datetime | None) -> datetime:
+        # The live definition (monitor.alerts.onset) on the pieces the backtest has: each
+        # hour's count past the line in each agreeing region, from its histogram.
+        evidence = finding.evidence
+        if evidence is None:
+            return at
+        hour = bucket_start(at - rule.window(), GRAIN_HOUR)
+        hours = []
+        while hour < at:
+            if floor is None or hour >= floor:
+                hours.append(hour)
+            hour += timedelta(hours=1)
+        found = onset.combine(
+            (
+                onset.onset_of(
+                    [
+                        onset.Piece(h, *evidence.count(stats, evidence.lines.get(unit)))
+                        for h in hours
+                        if (stats := by_hour.get(h, {}).get(unit)) is not None
+                    ],
+                    evidence.share,
+                )
+                for unit in evidence.units
+            ),
+            evidence.needed,
+        )
+        return found if found is not None else at
+
+    onsets: dict[str, datetime] = {}  # open subjects: their onset
+    resolved: dict[str, datetime] = {}  # each subject's last resolution
     told: set[str] = set()
     at = since + timedelta(hours=1)  # each evaluation sees the whole hour before it
     while at <= until:
         result.hours += 1
         found = {f.subject: f for f in evaluation.evaluate(rule, at, read)}
-        for subject in list(breached_since):
+        for subject in list(onsets):
             if subject not in found:
-                del breached_since[subject]
+                del onsets[subject]
                 told.discard(subject)
+                resolved[subject] = at
         for subject, finding in found.items():
-            first = breached_since.setdefault(subject, at)
-            if subject not in told and at - first >= rule.hold_for() - timedelta(hours=1):
+            began = onsets.get(subject)
+            if began is None:
+                began = onsets[subject] = onset_of(finding, at, resolved.get(subject))
+            if subject not in told and at - began >= rule.hold_for():
                 told.add(subject)
                 result.firings.append(
                     Firing(at, subject, finding.summary, str(finding.facts.get("why", "")))

@@ -107,6 +107,12 @@ class AlertMessage(TypedDict):
     regions_total: int | None
     regions_needed: int | None
     at: str
+    # When the breach began in data time (its evidence's onset, from which the minimum
+    # duration counts) and when the rule became sure of it (ISO 8601; "" for a test), and
+    # both for people: "slow since 10:02:13 UTC, confident since 10:03:01".
+    onset_at: str
+    confident_at: str
+    since: str
     url: str  # the page that explains it
     history_url: str
     ack_url: str
@@ -195,6 +201,8 @@ def _webhook(channel: AlertChannel, message: AlertMessage) -> None:
 
 def _text(message: AlertMessage) -> str:
     lines = [message["summary"], "", f"Why: {message['why']}"]
+    if message.get("since"):
+        lines.append(f"Since: {message['since']}")
     if message["regions"]:
         lines.append(
             f"Regions: {', '.join(message['regions'])}"

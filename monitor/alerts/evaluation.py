@@ -25,6 +25,7 @@ from typing import NamedTuple, TypedDict, TypeVar
 
 from django.urls import get_script_prefix, reverse
 
+from monitor.alerts import onset
 from monitor.alerts.models import (
     KIND_AVAILABILITY,
     KIND_LATENCY,
@@ -74,6 +75,9 @@ class Finding:
     facts: AlertFacts
     route_id: int | None = None
     region_id: int | None = None
+    # What the breach's onset is read from (monitor.alerts.onset): rules on probes in a
+    # window. None: the minimum duration counts from the first confident evaluation.
+    evidence: onset.Evidence | None = None
 
 
 Keyed = dict[tuple[int | None, ...], Stats]
@@ -242,6 +246,14 @@ def _latency(scope: Scope) -> list[Finding]:
                         why=why,
                         link=_route_page(route, rule),
                     ),
+                    evidence=onset.Evidence(
+                        kind=onset.LATENCY,
+                        share=1 - q / 100,
+                        units=tuple((route.pk, a[0].pk) for a in agreeing),
+                        needed=_needed(rule, len(regions)),
+                        metric=metric,
+                        lines={(route.pk, a[0].pk): a[2] for a in agreeing},
+                    ),
                 )
             )
     return findings
@@ -300,6 +312,12 @@ def _availability(scope: Scope) -> list[Finding]:
                     why=why,
                     link=reverse("rw-regions"),
                 ),
+                evidence=onset.Evidence(
+                    kind=onset.ERRORS,
+                    share=ceiling,
+                    units=tuple((route_id, region.pk) for route_id in rates),
+                    needed=len(rates),
+                ),
             )
         )
     counted = [g for g in regions if g not in down]
@@ -336,6 +354,12 @@ def _availability(scope: Scope) -> list[Finding]:
                     regions_needed=needed,
                     why=why,
                     link=_route_page(route, rule),
+                ),
+                evidence=onset.Evidence(
+                    kind=onset.ERRORS,
+                    share=ceiling,
+                    units=tuple((route.pk, a[0].pk) for a in agreeing),
+                    needed=needed,
                 ),
             )
         )
@@ -573,6 +597,12 @@ def _rate_limit(scope: Scope) -> list[Finding]:
                         why=f"{rate.k} of {rate.n} probes in {region.slug} were refused with "
                         f"HTTP 429, surely more than {ceiling * 100:.0f}%",
                         link=_route_page(route, rule),
+                    ),
+                    evidence=onset.Evidence(
+                        kind=onset.RATE_LIMITED,
+                        share=ceiling,
+                        units=tuple((route.pk, a[0].pk) for a in agreeing),
+                        needed=_needed(rule, len(regions)),
                     ),
                 )
             )

@@ -2,8 +2,12 @@
 event that tells someone an AlertNotification per channel, all in one transaction.
 
 - A breach opens a pending alert; it fires once it has held for the rule's minimum duration
-  (AlertRule.hold_for). A subject the rule no longer finds breached resolves at once
-  (auto-resolve): a pending one quietly, a firing one with a notification.
+  (AlertRule.hold_for), counted from the onset of its evidence in data time
+  (monitor.alerts.onset: for rules on probes in a window, the first probe of the stretch past
+  the line, never before the window nor the subject's last resolution), not from the first
+  confident evaluation; it must stay confident at every evaluation until it fires. A subject
+  the rule no longer finds breached resolves at once (auto-resolve): a pending one quietly,
+  a firing one with a notification.
 - While firing and not acknowledged: a reminder every remind_every_minutes (not while
   snoozed), and one escalation to the escalation channels after escalate_after_minutes.
 - Event rules (winner changed, served model changed) notify once per event and are resolved
@@ -30,7 +34,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from monitor.alerts import evaluation
+from monitor.alerts import evaluation, onset
 from monitor.alerts.evaluation import Finding
 from monitor.alerts.models import (
     EVENT_ACKED,
@@ -176,7 +180,7 @@ def apply(rule: AlertRule, findings: list[Finding], now: datetime) -> tuple[int,
         held = open_alerts.pop(finding.subject, None)
         if held is None:
             alert = _open(rule, finding, now, state=STATE_PENDING)
-            _event(alert, EVENT_PENDING, now, note=finding.summary)
+            _event(alert, EVENT_PENDING, now, note=_since_note(alert) + finding.summary)
             events += 1
         else:
             alert = held
@@ -186,7 +190,7 @@ def apply(rule: AlertRule, findings: list[Finding], now: datetime) -> tuple[int,
                 now,
             )
             alert.save(update_fields=["summary", "facts", "evaluated_at"])
-        if alert.state == STATE_PENDING and now - alert.started_at >= rule.hold_for():
+        if alert.state == STATE_PENDING and now - alert.since >= rule.hold_for():
             alert.state, alert.fired_at = STATE_FIRING, now
             alert.save(update_fields=["state", "fired_at"])
             tell(alert, EVENT_FIRED, finding)
@@ -204,6 +208,25 @@ def apply(rule: AlertRule, findings: list[Finding], now: datetime) -> tuple[int,
     return events, notes
 
 
+def onset_for(rule: AlertRule, finding: Finding, now: datetime) -> datetime:
+    """When the breach `finding` reports began, in data time (monitor.alerts.onset): from
+    the raw results in the rule's window, never before the subject's last resolution; `now`
+    for findings without evidence (decision, health, money) or without raw results."""
+    if finding.evidence is None:
+        return now
+    floor = now - rule.window()
+    last = (
+        Alert.objects.filter(rule=rule, subject=finding.subject, resolved_at__isnull=False)
+        .order_by("-resolved_at")
+        .values_list("resolved_at", flat=True)
+        .first()
+    )
+    if last is not None and last > floor:
+        floor = last
+    found = onset.live(finding.evidence, rule.task_id, floor, now)
+    return min(found, now) if found is not None else now
+
+
 def _open(rule: AlertRule, finding: Finding, now: datetime, *, state: str) -> Alert:
     return Alert.objects.create(
         rule=rule,
@@ -212,10 +235,19 @@ def _open(rule: AlertRule, finding: Finding, now: datetime, *, state: str) -> Al
         region_id=finding.region_id,
         state=state,
         started_at=now,
+        onset_at=onset_for(rule, finding, now) if state == STATE_PENDING else now,
         evaluated_at=now,
         summary=finding.summary[:300],
         facts=dict(finding.facts),
     )
+
+
+def _since_note(alert: Alert) -> str:
+    """The pending event's lead, "slow since 10:02:13 UTC, confident since 10:03:01: ", when
+    the evidence began before the first confident evaluation."""
+    if alert.onset_at is None or alert.onset_at >= alert.started_at:
+        return ""
+    return f"{alert.since_text()}: "
 
 
 def _resolved_facts(alert: Alert) -> dict[str, Any]:

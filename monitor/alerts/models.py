@@ -294,7 +294,10 @@ class Alert(models.Model):
     route = models.ForeignKey("monitor.Route", on_delete=models.CASCADE, null=True, blank=True)
     region = models.ForeignKey("monitor.Region", on_delete=models.CASCADE, null=True, blank=True)
     state = models.CharField(max_length=10, choices=ALERT_STATES, default=STATE_PENDING)
-    started_at = models.DateTimeField()  # first breach
+    started_at = models.DateTimeField()  # first confident evaluation ("confident since")
+    # When the breach's evidence began, in data time (monitor.alerts.onset): the minimum
+    # duration counts from here. Null: alerts from before it was kept (count from started_at).
+    onset_at = models.DateTimeField(null=True, blank=True)
     fired_at = models.DateTimeField(null=True, blank=True)
     resolved_at = models.DateTimeField(null=True, blank=True)
     evaluated_at = models.DateTimeField()
@@ -323,6 +326,25 @@ class Alert(models.Model):
 
     def __str__(self) -> str:
         return f"{self.rule}: {self.summary}"
+
+    @property
+    def since(self) -> dt.datetime:
+        """Where the minimum duration counts from: the onset, or the first confident
+        evaluation for an alert that has none."""
+        return self.onset_at or self.started_at
+
+    def since_text(self) -> str:
+        """For people: when the breach began and when the rule became sure of it ("slow since
+        10:02:13 UTC, confident since 10:03:01")."""
+        began, sure = self.onset_at, self.started_at
+        if began is None or began >= sure:
+            return f"confident since {sure:%H:%M:%S} UTC"
+        word = {KIND_LATENCY: "slow", KIND_AVAILABILITY: "failing", KIND_RATE_LIMIT: "rate limited"}
+        day = "%Y-%m-%d " if began.date() != sure.date() else ""
+        return (
+            f"{word.get(self.rule.kind, 'breached')} since {began.strftime(day + '%H:%M:%S')} "
+            f"UTC, confident since {sure:%H:%M:%S}"
+        )
 
     @property
     def dedup_key(self) -> str:

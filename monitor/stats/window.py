@@ -43,7 +43,7 @@ _SCENARIO_FIELDS = (
 )  # fmt: skip
 
 
-def _raw(
+def raw_results(
     task_id: int, route_ids: Sequence[int], since: datetime, until: datetime
 ) -> list[ResultRow]:
     """The task's results of [since, until) as ingest hands them to the rollups: single probes
@@ -100,7 +100,7 @@ def task_stats(
     def raw(start: datetime, stop: datetime) -> Keyed:
         if start < kept_from:
             return hours(start, stop)
-        return stats_of(_raw(task_id, route_ids, start, stop), by_region=by_region)
+        return stats_of(raw_results(task_id, route_ids, start, stop), by_region=by_region)
 
     whole = edges(since, until)
     if whole is None:

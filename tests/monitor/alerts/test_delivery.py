@@ -109,6 +109,9 @@ def test_an_email_channel_sends_the_figure_its_interval_the_regions_and_why_over
     assert "Regions that agree: eu-west, us-east (2 of 3, 2 needed)" in text
     assert f"/routes/{setup.fast.pk}/?task=support" in text
     assert "Acknowledge: http" in text
+    # Its first slow probe was 30 minutes back; the rule was sure at NOW.
+    since = f"Since: slow since {NOW - timedelta(minutes=30):%H:%M:%S} UTC, confident since"
+    assert f"{since} {NOW:%H:%M:%S}" in text
     assert message["Message-ID"].startswith("<alert-rwn-")
 
 

@@ -52,11 +52,14 @@ def test_an_alert_fires_once_after_its_minimum_duration_and_resolves_once(
 ) -> None:
     s = setup
     _slow(s)
-    rule = latency_rule(s, webhook(receiver), for_minutes=5)
+    # Slow for the last 30 minutes (one probe a minute): the duration counts from the first
+    # slow probe (the onset), so 35 minutes fire 5 minutes from now.
+    rule = latency_rule(s, webhook(receiver), for_minutes=35)
 
     lifecycle.evaluate_all(NOW)
     alert = Alert.objects.get(rule=rule)
     assert alert.state == STATE_PENDING
+    assert alert.onset_at == NOW - timedelta(minutes=30)
     assert delivery.send_due(NOW).sent == 0
 
     lifecycle.evaluate_all(NOW + timedelta(minutes=2))
@@ -105,7 +108,7 @@ def test_a_breach_that_clears_before_its_minimum_duration_tells_nobody(
 ) -> None:
     s = setup
     _slow(s)
-    rule = latency_rule(s, webhook(receiver), for_minutes=30)
+    rule = latency_rule(s, webhook(receiver), for_minutes=60)  # slow for 30 minutes of it
     lifecycle.evaluate_all(NOW)
     lifecycle.evaluate_all(NOW + timedelta(hours=2))
     delivery.send_due(NOW + timedelta(hours=2))
@@ -276,3 +279,9 @@ def test_the_history_page_shows_every_change_and_who_was_told(
     assert 'data-event="fired"' in body
     assert "ops hook: sent" in body
     assert "Why:" in body
+    # When it began (its first slow probe, 30 minutes back) and when the rule was sure.
+    began = NOW - timedelta(minutes=30)
+    assert f"slow since {began:%H:%M:%S} UTC, confident since {NOW:%H:%M:%S}" in body
+    assert f"slow since {began:%H:%M:%S} UTC, confident since {NOW:%H:%M:%S}: " in (
+        AlertEvent.objects.get(kind="pending").note
+    )
