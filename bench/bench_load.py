@@ -58,12 +58,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -157,6 +160,54 @@ def listen_overflows() -> dict[str, int]:
     return {}
 
 
+class SimWatch(threading.Thread):
+    """The simulator's own counters during the window (GET /_sim/stats every 5 s): requests
+    read but not yet answered with headers (most at once, per process), and at the end the
+    time from a request's read to its headers. A probe that times out waiting for headers
+    while these stay low waited before the simulator read its request (connect, accept)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.stop = threading.Event()
+        self.awaiting_max = 0
+        self.per_process_max: dict[int, int] = {}
+        self.last: dict[str, Any] = {}
+
+    def fetch(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"{self.url}/_sim/stats", timeout=10) as answer:  # noqa: S310
+            data: dict[str, Any] = json.load(answer)
+        return data
+
+    def run(self) -> None:
+        while not self.stop.wait(5.0):
+            with contextlib.suppress(OSError, ValueError):
+                self.last = stats = self.fetch()
+                self.awaiting_max = max(self.awaiting_max, stats.get("awaiting_headers", 0))
+                for proc in stats.get("per_process", []):
+                    pid = proc["pid"]
+                    self.per_process_max[pid] = max(
+                        self.per_process_max.get(pid, 0), proc["awaiting_headers"]
+                    )
+
+    def report(self) -> None:
+        waits = self.last.get("headers_wait_ms") or {}
+        print(
+            f"  requests awaiting headers at once, most: {self.awaiting_max:,} "
+            f"(per process: {sorted(self.per_process_max.values())}); a request's read to its "
+            f"headers: p50 {waits.get('p50')}, p99 {waits.get('p99')}, max {waits.get('max')} ms "
+            f"over {waits.get('count')} (the last {waits.get('count')} read)"
+        )
+        for proc in self.last.get("per_process", []):
+            print(
+                f"    process {proc['pid']}: {proc['requests']:,} requests, "
+                f"{proc['active_streams']:,} streams open at the end"
+            )
+
+
+SIM_WATCH: SimWatch | None = None
+
+
 def _report_simulator(
     ns: argparse.Namespace, before: dict[str, int], after: dict[str, int]
 ) -> None:
@@ -178,6 +229,8 @@ def _report_simulator(
         f"  listen queue overflows during the run: {overflows:,} (SYNs dropped {drops:,}; "
         f"the machine's, every listener's) -> {verdict}"
     )
+    if SIM_WATCH is not None:
+        SIM_WATCH.report()
 
 
 def _prepare(ns: argparse.Namespace) -> Setup:
@@ -405,6 +458,15 @@ def _measure(
         found = {n: [x for pid in pids for x in _tree(pid)] for n, pids in roots.items()}
         return found | {"bench (pages)": _tree(os.getpid())[:1]}
 
+    global SIM_WATCH
+    SIM_WATCH = SimWatch(f"http://127.0.0.1:{setup.sim_port}")
+    with contextlib.suppress(OSError):
+        reset = urllib.request.Request(f"{SIM_WATCH.url}/_sim/stats/reset", method="POST")  # noqa: S310
+        urllib.request.urlopen(  # noqa: S310
+            reset,
+            timeout=10,
+        ).close()
+    SIM_WATCH.start()
     cpu0 = {name: _cpu(ps) for name, ps in trees().items()}
     start = datetime.now(UTC)
     t0 = time.monotonic()
@@ -416,6 +478,10 @@ def _measure(
     rss = {name: _rss(ps) for name, ps in comps.items()}
     pages.stop.set()
     pages.join()
+    SIM_WATCH.stop.set()
+    SIM_WATCH.join()
+    with contextlib.suppress(OSError, ValueError):
+        SIM_WATCH.last = SIM_WATCH.fetch()
     # One more tick after the window's end, so its last slots are created before beat
     # stops (else up to a tick's worth of them counts as never created).
     time.sleep(max(0.0, ns.tick + 2 - (time.monotonic() - t0 - wall)))
@@ -515,6 +581,17 @@ def _read_window(
             [start, end],
         )
         outcomes = cursor.fetchall()
+        # Failures by the route's model and whether the connection was made (connect_ms): a
+        # header timeout on a connection never made waited in a listen queue, not the server.
+        cursor.execute(
+            "SELECT r.model_id, p.error_kind, p.connect_ms IS NOT NULL, count(*), "
+            "percentile_cont(0.5) WITHIN GROUP (ORDER BY p.connect_ms) "
+            "FROM monitor_proberesult p JOIN monitor_route r ON r.id = p.route_id "
+            "WHERE p.started_at >= %s AND p.started_at < %s AND p.outcome <> 'ok' "
+            "GROUP BY 1, 2, 3 ORDER BY 4 DESC",
+            [start, end],
+        )
+        failures = cursor.fetchall()
         measured = _timings(cursor, start, end)
         lag_known = probe_stats.has_start_lag(cursor)
         start_lags = probe_stats.start_lags_ms(cursor, start, end) if lag_known else []
@@ -538,6 +615,7 @@ def _read_window(
         lags,
         written,
         outcomes,
+        failures,
         measured,
         lag_known,
         start_lags,
