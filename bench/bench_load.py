@@ -58,12 +58,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -76,6 +79,8 @@ sys.path.insert(0, str(ROOT))
 from bench.load_pages import Pages  # noqa: E402
 from bench.load_procs import Proc, _cpu, _free_port, _renice, _rss, _servers, _tree, _used  # noqa: E402
 from bench.load_report import Setup, Window, report  # noqa: E402
+from devstack.stack import WEB_NICE  # noqa: E402
+from devstack.supervision import raise_priority  # noqa: E402
 
 PY = sys.executable
 BENCH_DB = "routewatch_bench_load"
@@ -157,6 +162,54 @@ def listen_overflows() -> dict[str, int]:
     return {}
 
 
+class SimWatch(threading.Thread):
+    """The simulator's own counters during the window (GET /_sim/stats every 5 s): requests
+    read but not yet answered with headers (most at once, per process), and at the end the
+    time from a request's read to its headers. A probe that times out waiting for headers
+    while these stay low waited before the simulator read its request (connect, accept)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.stop = threading.Event()
+        self.awaiting_max = 0
+        self.per_process_max: dict[int, int] = {}
+        self.last: dict[str, Any] = {}
+
+    def fetch(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"{self.url}/_sim/stats", timeout=10) as answer:  # noqa: S310
+            data: dict[str, Any] = json.load(answer)
+        return data
+
+    def run(self) -> None:
+        while not self.stop.wait(5.0):
+            with contextlib.suppress(OSError, ValueError):
+                self.last = stats = self.fetch()
+                self.awaiting_max = max(self.awaiting_max, stats.get("awaiting_headers", 0))
+                for proc in stats.get("per_process", []):
+                    pid = proc["pid"]
+                    self.per_process_max[pid] = max(
+                        self.per_process_max.get(pid, 0), proc["awaiting_headers"]
+                    )
+
+    def report(self) -> None:
+        waits = self.last.get("headers_wait_ms") or {}
+        print(
+            f"  requests awaiting headers at once, most: {self.awaiting_max:,} "
+            f"(per process: {sorted(self.per_process_max.values())}); a request's read to its "
+            f"headers: p50 {waits.get('p50')}, p99 {waits.get('p99')}, max {waits.get('max')} ms "
+            f"over {waits.get('count')} (the last {waits.get('count')} read)"
+        )
+        for proc in self.last.get("per_process", []):
+            print(
+                f"    process {proc['pid']}: {proc['requests']:,} requests, "
+                f"{proc['active_streams']:,} streams open at the end"
+            )
+
+
+SIM_WATCH: SimWatch | None = None
+
+
 def _report_simulator(
     ns: argparse.Namespace, before: dict[str, int], after: dict[str, int]
 ) -> None:
@@ -178,6 +231,8 @@ def _report_simulator(
         f"  listen queue overflows during the run: {overflows:,} (SYNs dropped {drops:,}; "
         f"the machine's, every listener's) -> {verdict}"
     )
+    if SIM_WATCH is not None:
+        SIM_WATCH.report()
 
 
 def _prepare(ns: argparse.Namespace) -> Setup:
@@ -266,7 +321,8 @@ def _announce(ns: argparse.Namespace, setup: Setup) -> None:
         f"{ns.ingest_concurrency}, region workers {' '.join(setup.region_args)}, "
         f"results flushed every {ns.flush} s, workers at nice "
         f"{setup.env.get('RW_WORKER_NICE', 'the product default')}, the tick on a scheduler worker "
-        "of its own",
+        f"of its own; pages read at the web's nice ({WEB_NICE}, as `make run` starts the web), "
+        f"the simulator at nice {ns.sim_nice}",
         flush=True,
     )
     with contextlib.suppress(Exception):
@@ -372,6 +428,23 @@ def _processes(ns: argparse.Namespace, setup: Setup) -> tuple[list[Proc], Proc]:
     return procs, beat
 
 
+def _prioritize_simulator(ns: argparse.Namespace, simulator: Proc) -> None:
+    """The simulator's processes (its workers lead sessions of their own) at --sim-nice, once
+    its workers have started."""
+    assert simulator.proc is not None
+    deadline = time.monotonic() + 30
+    tree = _tree(simulator.proc.pid)
+    while len(tree) < ns.sim_processes + (ns.sim_processes > 1) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        tree = _tree(simulator.proc.pid)
+    _renice([p.pid for p in tree], ns.sim_nice)
+    got = set()
+    for p in tree:
+        with contextlib.suppress(OSError):
+            got.add(os.getpriority(os.PRIO_PROCESS, p.pid))
+    print(f"simulator: {len(tree)} processes at nice {sorted(got)}", flush=True)
+
+
 def _measure(
     ns: argparse.Namespace,
     setup: Setup,
@@ -385,6 +458,7 @@ def _measure(
     warmup_s = setup.mix.warmup_s if ns.warmup is None else ns.warmup
     for p in procs:
         p.start()
+    _prioritize_simulator(ns, procs[0])
     print(
         f"started {len(procs)} processes (logs in {setup.tmp}); warming up {warmup_s} s", flush=True
     )
@@ -393,6 +467,10 @@ def _measure(
         if p.proc and p.proc.poll() is not None:
             print(f"{p.name} exited ({p.proc.returncode}); see {p.log}")
             return None
+    # The pages are read here, standing for the web: at the web's CPU priority, as `make run`
+    # starts it (devstack.stack.WEB_NICE; the reading thread inherits it from this one).
+    if not raise_priority(os.getpid(), WEB_NICE, session=False):
+        print(f"pages read at nice 0: nice {WEB_NICE} needs root or CAP_SYS_NICE", flush=True)
     pages.start()
     roots: dict[str, list[int]] = {}
     for p in procs:
@@ -405,6 +483,15 @@ def _measure(
         found = {n: [x for pid in pids for x in _tree(pid)] for n, pids in roots.items()}
         return found | {"bench (pages)": _tree(os.getpid())[:1]}
 
+    global SIM_WATCH
+    SIM_WATCH = SimWatch(f"http://127.0.0.1:{setup.sim_port}")
+    with contextlib.suppress(OSError):
+        reset = urllib.request.Request(f"{SIM_WATCH.url}/_sim/stats/reset", method="POST")  # noqa: S310
+        urllib.request.urlopen(  # noqa: S310
+            reset,
+            timeout=10,
+        ).close()
+    SIM_WATCH.start()
     cpu0 = {name: _cpu(ps) for name, ps in trees().items()}
     start = datetime.now(UTC)
     t0 = time.monotonic()
@@ -416,6 +503,10 @@ def _measure(
     rss = {name: _rss(ps) for name, ps in comps.items()}
     pages.stop.set()
     pages.join()
+    SIM_WATCH.stop.set()
+    SIM_WATCH.join()
+    with contextlib.suppress(OSError, ValueError):
+        SIM_WATCH.last = SIM_WATCH.fetch()
     # One more tick after the window's end, so its last slots are created before beat
     # stops (else up to a tick's worth of them counts as never created).
     time.sleep(max(0.0, ns.tick + 2 - (time.monotonic() - t0 - wall)))
@@ -515,6 +606,17 @@ def _read_window(
             [start, end],
         )
         outcomes = cursor.fetchall()
+        # Failures by the route's model and whether the connection was made (connect_ms): a
+        # header timeout on a connection never made waited in a listen queue, not the server.
+        cursor.execute(
+            "SELECT r.model_id, p.error_kind, p.connect_ms IS NOT NULL, count(*), "
+            "percentile_cont(0.5) WITHIN GROUP (ORDER BY p.connect_ms) "
+            "FROM monitor_proberesult p JOIN monitor_route r ON r.id = p.route_id "
+            "WHERE p.started_at >= %s AND p.started_at < %s AND p.outcome <> 'ok' "
+            "GROUP BY 1, 2, 3 ORDER BY 4 DESC",
+            [start, end],
+        )
+        failures = cursor.fetchall()
         measured = _timings(cursor, start, end)
         lag_known = probe_stats.has_start_lag(cursor)
         start_lags = probe_stats.start_lags_ms(cursor, start, end) if lag_known else []
@@ -538,6 +640,7 @@ def _read_window(
         lags,
         written,
         outcomes,
+        failures,
         measured,
         lag_known,
         start_lags,
@@ -626,6 +729,14 @@ def main() -> None:
     )
     parser.add_argument(
         "--sim-backlog", type=int, default=4096, help="the simulator's listen queue per process"
+    )
+    parser.add_argument(
+        "--sim-nice",
+        type=int,
+        default=-5,
+        help="the simulator's CPU priority (each worker's session; root): it stands for "
+        "providers on other machines, so it takes the CPU before the deployment's processes; "
+        "at 0 on a busy 2-core machine its workers fell minutes behind accepting connections",
     )
     sys.exit(run(parser.parse_args()))
 

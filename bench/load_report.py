@@ -49,6 +49,7 @@ class Window:
     lags: list[float]
     written: int
     outcomes: list[Any]
+    failures: list[Any]  # (model, error kind, connected, count, connect_ms p50)
     measured: tuple[list[float], list[float]]
     lag_known: bool
     start_lags: list[float]
@@ -110,6 +111,9 @@ def _report_slots(ns: argparse.Namespace, setup: Setup, w: Window) -> None:
         print("  start lag: not recorded by this version (no start_lag_ms column)")
     shown = ", ".join(f"{o}/{k or '-'} {n}" for o, k, n in w.outcomes)
     print(f"  outcomes of the window's rows: {shown}")
+    for model, kind, connected, n, connect_ms in w.failures:
+        how = f"connected (connect p50 {connect_ms:.0f} ms)" if connected else "never connected"
+        print(f"    failed: {model} {kind} {n}, {how}")
 
 
 def _report_probes(ns: argparse.Namespace, setup: Setup, w: Window) -> None:

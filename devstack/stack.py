@@ -80,6 +80,11 @@ def _manage(env: dict[str, str], *args: str, quiet: bool = False) -> None:
 # that adds the region's round trip (devstack.netem).
 DEMO_REGIONS = [("us-east", 20), ("eu-west", 90), ("ap-south", 220)]
 SIMULATOR_PORT = 8100
+# The web's nice (its whole session): a page someone waits on takes the CPU before the probing
+# and ingesting workers (nice 0) on a machine they share. Nice -5 weighs about 3x a nice-0
+# session (Linux's CFS/EEVDF weights 3121 and 1024), as compose's cpu_shares give the web 4x a
+# region worker's; measured with bench-load (bench/RESULTS.md). Needs root or CAP_SYS_NICE.
+WEB_NICE = -5
 
 
 # What a region worker must not hold: it gets the broker and its own region's keys only.
@@ -294,7 +299,9 @@ def stack_processes(
     beat += ["--schedule", str(var_dir / "celerybeat-schedule"), "--pidfile", ""]
     children = [
         Child("simulator", simulator),
-        Child("web", web),
+        # Pages before probes on a shared machine: the web's session at a CPU priority above
+        # the workers' (where permitted), as compose's cpu_shares give it 4x a worker's.
+        Child("web", web, priority=WEB_NICE),
         Child("beat", beat, stop_first=True),
         # The tick alone (monitor.pipeline.queues.SCHEDULE_QUEUE), at the web's CPU priority:
         # a tick that waits creates its slots late, and they are recorded missed.

@@ -94,6 +94,11 @@ class SimulatorApp:
         self.lags_ms: deque[float] = deque(maxlen=KEEP_LAGS)
         self.active_streams = 0
         self.requests_served = 0
+        # Provider requests read but not yet answered with headers, and the time from a
+        # request's read to its headers (the truth's headers_sent_at - received_at), for
+        # /_sim/stats: where a client waits for headers, this says whether the server held it.
+        self.awaiting_headers = 0
+        self.headers_waits_ms: deque[float] = deque(maxlen=KEEP_LAGS)
         self.id_prefix = f"sim{os.getpid() % 100000}"
 
     def warm_up(self) -> None:
@@ -124,16 +129,21 @@ class SimulatorApp:
         if path == "/_sim/health":
             self._json(responder, 200, {"status": "ok", "providers": list(self.config.providers)})
         elif path == "/_sim/stats":
-            requests, active, lags = self.requests_served, self.active_streams, list(self.lags_ms)
+            own = self._counts()
+            processes = [own]
+            lags, waits = list(self.lags_ms), list(self.headers_waits_ms)
             if cluster is not None:
                 for _, payload in await cluster.ask_siblings("GET", "/peer/stats"):
                     head, _, raw = payload.partition(b"\n")
                     counts = json.loads(head)
-                    requests += counts["requests"]
-                    active += counts["active_streams"]
+                    processes.append(counts)
                     more = array("d")
                     more.frombytes(raw)
-                    lags += more
+                    split = 8 * counts.pop("lags", len(more))
+                    lags += more[: split // 8]
+                    waits += more[split // 8 :]
+            requests = sum(p["requests"] for p in processes)
+            active = sum(p["active_streams"] for p in processes)
             self._json(
                 responder,
                 200,
@@ -141,11 +151,15 @@ class SimulatorApp:
                     "requests": requests,
                     "active_streams": active,
                     "send_lag_ms": _percentiles(lags),
+                    "awaiting_headers": sum(p["awaiting_headers"] for p in processes),
+                    "headers_wait_ms": _percentiles(waits),
                     "processes": 1 if cluster is None else cluster.processes,
+                    "per_process": processes,
                 },
             )
         elif path == "/_sim/stats/reset":
             self.lags_ms.clear()
+            self.headers_waits_ms.clear()
             if cluster is not None:
                 await cluster.ask_siblings("POST", "/peer/stats/reset")
             self._json(responder, 200, {"status": "reset"})
@@ -171,13 +185,14 @@ class SimulatorApp:
         """A sibling worker's questions, on this worker's Unix socket (never over TCP)."""
         path = request.path
         if path == "/peer/stats":
-            head = json.dumps(
-                {"requests": self.requests_served, "active_streams": self.active_streams}
-            ).encode()
-            body = head + b"\n" + array("d", self.lags_ms).tobytes()
+            head = json.dumps({**self._counts(), "lags": len(self.lags_ms)}).encode()
+            raw = array("d", self.lags_ms)
+            raw.extend(self.headers_waits_ms)
+            body = head + b"\n" + raw.tobytes()
             responder.respond(200, [("content-type", "application/octet-stream")], body)
         elif path == "/peer/stats/reset":
             self.lags_ms.clear()
+            self.headers_waits_ms.clear()
             self._json(responder, 200, {"status": "reset"})
         elif path.startswith("/peer/requests/"):
             truth = self.truths.get(path.rsplit("/", 1)[1])
@@ -187,6 +202,15 @@ class SimulatorApp:
                 self._json(responder, 200, truth.to_json())
         else:
             self._json(responder, 404, {"error": "not found"})
+
+    def _counts(self) -> dict[str, Any]:
+        """This process's counters, for /_sim/stats (the cluster's sums them)."""
+        return {
+            "pid": os.getpid(),
+            "requests": self.requests_served,
+            "active_streams": self.active_streams,
+            "awaiting_headers": self.awaiting_headers,
+        }
 
     @staticmethod
     def _decode(provider: Provider, wire: WireFormat, request: Request) -> dict[str, Any]:
@@ -270,17 +294,19 @@ class SimulatorApp:
             *wire.response_headers(truth.id),
         ]
         self._remember(truth)
+        self.awaiting_headers += 1
         try:
             wire.check_query(request.query)
             wire.authenticate(provider, request)
             wire.check_headers(request.headers)
             endpoint = wire.endpoint(request.method, path)
             if endpoint.kind == "models":
-                responder.respond(
+                at = responder.respond(
                     200,
                     [("content-type", "application/json"), *headers],
                     wire.models_body(provider),
                 )
+                self._headers_out(truth, at)
                 return
             await self._generate(provider, wire, endpoint, request, responder, truth, headers)
         except HttpError as err:
@@ -295,7 +321,16 @@ class SimulatorApp:
                 ],
                 wire.error_body(err),
             )
-            truth.headers_sent_at = truth.end_at
+            self._headers_out(truth, truth.end_at)
+        finally:
+            if truth.headers_sent_at is None:  # no answer (the client left, a stalled fault)
+                self.awaiting_headers -= 1
+
+    def _headers_out(self, truth: Truth, at: float) -> None:
+        if truth.headers_sent_at is None:
+            self.awaiting_headers -= 1
+            self.headers_waits_ms.append((at - truth.received_at) * 1000.0)
+        truth.headers_sent_at = at
 
     async def _tokens(self, wire: WireFormat, parts: list[str]) -> tuple[list[int], list[int]]:
         """The prompt's tokens and, for block-aware caching, the token count at each block's
@@ -477,8 +512,8 @@ class SimulatorApp:
         plan = ctx.plan
         await asyncio.sleep(max(0.0, truth.received_at + plan.end_s - _clock()))
         body = wire.whole_body(ctx)
-        truth.headers_sent_at = responder.start(
-            200, [("content-type", "application/json"), *headers], len(body)
+        self._headers_out(
+            truth, responder.start(200, [("content-type", "application/json"), *headers], len(body))
         )
         sent = responder.write(body)
         truth.end_at = responder.end()
@@ -507,7 +542,7 @@ class SimulatorApp:
         ]
         if timing:
             truth.server_ms = float(timing[0][1])
-        truth.headers_sent_at = responder.start(200, sse_headers)
+        self._headers_out(truth, responder.start(200, sse_headers))
         faults = ctx.faults
         if "trickle" in faults:
             while not responder.closed:

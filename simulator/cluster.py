@@ -3,7 +3,8 @@
 Layout: the parent binds N listening TCP sockets on the same address with SO_REUSEPORT (the
 kernel spreads new connections over them by a hash of the connection's addresses, each socket
 with its own accept queue of `backlog`), binds the Unix sockets below, then forks N workers,
-each serving the same config on its own listening socket. Why SO_REUSEPORT and not one
+each serving the same config on its own listening socket and leading a session of its own
+(a CPU share of its own where Linux shares CPUs between sessions first: `_own_session`). Why SO_REUSEPORT and not one
 listener shared by all workers: a burst of 1,500 connections is split evenly between the
 workers' queues, where on one shared queue every worker wakes and whichever runs first takes
 the burst (and its streams); and each worker has its own `backlog`. The price: a connection
@@ -235,6 +236,21 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def _own_session() -> None:
+    """A worker leads a session of its own, so that it gets the CPU share of one process.
+
+    With autogroups (Linux's default on most kernels: /proc/sys/kernel/sched_autogroup_enabled)
+    the CPUs are shared between sessions first: N workers left in their parent's session
+    shared ONE session's share between them. On a busy 2-core machine (bench-load's, load
+    average 12, some 15 sessions wanting a CPU) the 3 workers got about 0.2 cores together,
+    ran 1 s for every 11 s they waited, and left ~1,600 connections a worker in their accept
+    queues: probes timed out waiting 135 s for response headers (bench/RESULTS.md). The
+    parent, which only answers the shared state, stays in the caller's session; a terminal's
+    Ctrl-C reaches it and it stops the workers."""
+    with contextlib.suppress(OSError):
+        os.setsid()
+
+
 def bind(processes: int, host: str, port: int, backlog: int) -> list[socket.socket]:
     """The workers' listening sockets, bound now: a port in use fails before anything else."""
     if not 1 <= processes <= MAX_PROCESSES:
@@ -273,6 +289,7 @@ def run(
                 _die_with_parent()
                 if os.getppid() != parent:
                     os._exit(1)
+                _own_session()
                 for i, (listener, peer) in enumerate(zip(listeners, peers, strict=True)):
                     if i != index:
                         listener.close()

@@ -166,3 +166,47 @@ def test_a_child_that_ignores_the_stop_is_named_and_killed(
     assert stubborn.proc.returncode == -9
     assert polite.proc is not None
     assert polite.proc.returncode == -15
+
+
+def _nice_of_autogroup(pid: int) -> int | None:
+    path = Path(f"/proc/{pid}/autogroup")
+    return int(path.read_text().split()[-1]) if path.exists() else None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a negative nice needs root or CAP_SYS_NICE")
+def test_a_child_with_a_priority_runs_above_the_others_with_its_whole_session(
+    tmp_path: Path,
+) -> None:
+    """The web's priority (devstack.stack.WEB_NICE): the child, what it forks (gunicorn's
+    workers), and its session's autogroup, which is what counts against other sessions."""
+    code = (
+        "import os, sys, time\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    time.sleep(60)\n"
+        "    os._exit(0)\n"
+        f"open({str(tmp_path / 'forked.tmp')!r}, 'w').write(str(pid))\n"
+        f"os.replace({str(tmp_path / 'forked.tmp')!r}, {str(tmp_path / 'forked')!r})\n"
+        "time.sleep(60)\n"
+    )
+    web = supervision.Child("web", [sys.executable, "-c", code], priority=-5)
+    plain = supervision.Child("plain", [sys.executable, "-c", "import time; time.sleep(60)"])
+    for child in (web, plain):
+        supervision._start_child(child, {})
+    try:
+        assert web.proc is not None
+        assert plain.proc is not None
+        deadline = time.monotonic() + 10
+        while not (tmp_path / "forked").exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        forked = int((tmp_path / "forked").read_text())
+        assert os.getpriority(os.PRIO_PROCESS, web.proc.pid) == -5
+        assert os.getpriority(os.PRIO_PROCESS, forked) == -5
+        assert os.getpriority(os.PRIO_PROCESS, plain.proc.pid) == 0
+        if _nice_of_autogroup(web.proc.pid) is not None:
+            assert _nice_of_autogroup(web.proc.pid) == -5
+            assert _nice_of_autogroup(forked) == -5  # the same session, the same group
+            assert _nice_of_autogroup(plain.proc.pid) == 0
+    finally:
+        supervision._stop_children([web, plain])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -244,6 +245,58 @@ def test_rate_limits_are_the_providers_and_truths_found_through_either(
     # Reset through one worker resets both.
     assert httpx2.post(f"{sim2.base_url}/_sim/stats/reset").status_code == 200
     assert httpx2.get(f"{sim2.base_url}/_sim/stats").json()["send_lag_ms"]["count"] == 0
+
+
+def test_each_worker_leads_a_session_of_its_own(sim2: SimulatorProcess) -> None:
+    """With autogroups Linux shares the CPUs between sessions first: workers left in their
+    parent's session would share one process's CPU share between them (on bench-load's busy
+    machine, 3 workers got 0.2 cores together and probes timed out waiting for headers)."""
+    assert sim2.proc is not None
+    parent = sim2.proc.pid
+    workers = [p["pid"] for p in httpx2.get(f"{sim2.base_url}/_sim/stats").json()["per_process"]]
+    assert len(set(workers)) == 2
+    for pid in workers:
+        assert pid != parent
+        assert os.getsid(pid) == pid  # the leader of its own session
+    assert os.getsid(parent) != parent  # the parent stays in its caller's session (Ctrl-C)
+
+
+def test_stats_count_the_requests_waiting_for_headers_and_their_wait(
+    sim2: SimulatorProcess,
+) -> None:
+    """A request held before its headers (a stalled fault) is counted as awaiting headers
+    until it leaves; a served one adds its read-to-headers time."""
+    httpx2.post(f"{sim2.base_url}/_sim/stats/reset")
+    body = {"model": "jitter", "messages": [{"role": "user", "content": "hi"}]}
+    assert _post(sim2, body).status_code == 200
+
+    def awaiting() -> int:
+        return int(httpx2.get(f"{sim2.base_url}/_sim/stats").json()["awaiting_headers"])
+
+    assert awaiting() == 0
+    stalled = socket.create_connection(("127.0.0.1", sim2.port))
+    try:
+        payload = json.dumps(body).encode()
+        stalled.sendall(
+            b"POST /wide/v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+            b"authorization: Bearer " + KEY.encode() + b"\r\ncontent-type: application/json\r\n"
+            b"x-sim-fault: stall_headers\r\ncontent-length: %d\r\n\r\n%b" % (len(payload), payload)
+        )
+        deadline = time.monotonic() + 10
+        while awaiting() != 1:
+            assert time.monotonic() < deadline, "the stalled request was never counted"
+            time.sleep(0.02)
+    finally:
+        stalled.close()
+    deadline = time.monotonic() + 10
+    while awaiting() != 0:
+        assert time.monotonic() < deadline, "the stalled request stayed counted after it left"
+        time.sleep(0.02)
+    stats = httpx2.get(f"{sim2.base_url}/_sim/stats").json()
+    waits = stats["headers_wait_ms"]
+    assert waits["count"] == 1  # the served request; the stalled one never sent headers
+    assert 0 <= waits["max"] < 5000
+    assert [p["awaiting_headers"] for p in stats["per_process"]] == [0, 0]
 
 
 def test_the_cli_says_why_it_cannot_listen(tmp_path: Path) -> None:
