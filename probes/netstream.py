@@ -69,6 +69,10 @@ class _Connection:
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
         self.loop = loop
         self.sock = sock
+        # The loop is given the descriptor, not the socket: asyncio's selector looks a new
+        # reader up first, and the KeyError it raises for the socket formats its repr (two
+        # system calls for the addresses) on every connection.
+        self.fd = sock.fileno()
         self.chunks: collections.deque[bytes] = collections.deque()
         self.arrivals: collections.deque[float] = collections.deque()  # one per chunk
         self.last_arrival = 0.0  # arrival of the chunk read last
@@ -93,7 +97,7 @@ class _Connection:
             except OSError:
                 pass
         self.reading = True
-        loop.add_reader(sock, self._on_readable)
+        loop.add_reader(self.fd, self._on_readable)
 
     # the loop's callbacks
 
@@ -133,7 +137,7 @@ class _Connection:
         del self.unsent[:sent]
         if not self.unsent:
             self.drained_at = time.perf_counter()
-            self.loop.remove_writer(self.sock)
+            self.loop.remove_writer(self.fd)
             self._wake_writer()
 
     # helpers
@@ -154,7 +158,7 @@ class _Connection:
             self.drained_at = time.perf_counter()
             return True
         self.unsent += data[sent:]
-        self.loop.add_writer(self.sock, self._on_writable)
+        self.loop.add_writer(self.fd, self._on_writable)
         return False
 
     def close(self) -> None:
@@ -163,7 +167,7 @@ class _Connection:
         self.closed = True
         self._stop_reading()
         if self.unsent:
-            self.loop.remove_writer(self.sock)
+            self.loop.remove_writer(self.fd)
             self.unsent.clear()
         self.sock.close()
         self._wake()
@@ -172,12 +176,12 @@ class _Connection:
     def start_reading(self) -> None:
         if not self.reading and not (self.eof or self.lost or self.closed):
             self.reading = True
-            self.loop.add_reader(self.sock, self._on_readable)
+            self.loop.add_reader(self.fd, self._on_readable)
 
     def _stop_reading(self) -> None:
         if self.reading:
             self.reading = False
-            self.loop.remove_reader(self.sock)
+            self.loop.remove_reader(self.fd)
 
     def _fail(self, exc: BaseException) -> None:
         self.lost = True
@@ -185,7 +189,7 @@ class _Connection:
             self.exception = exc
         self._stop_reading()
         if self.unsent:
-            self.loop.remove_writer(self.sock)
+            self.loop.remove_writer(self.fd)
             self.unsent.clear()
         self._fail_handshake(exc)
         self._wake()

@@ -332,6 +332,17 @@ class ChunkedBody:
         if self._pending:
             data = self._pending + data
             self._pending = b""
+        elif not (self._left or self._footer):
+            # The common read at a chunk boundary: one whole chunk, its size line, data and
+            # CRLF (a streamed event a read). Taken at once, or by the loop below if not.
+            line_end = data.find(b"\r\n", 0, 24)
+            if line_end > 0:
+                found = _CHUNK_SIZE.fullmatch(data, 0, line_end)
+                if found is not None:
+                    start = line_end + 2
+                    stop = start + int(found[1], 16)
+                    if stop > start and stop + 2 == len(data) and data.endswith(b"\r\n"):
+                        return data[start:stop], None
         decoded: list[bytes] = []
         left, footer = self._left, self._footer  # locals: this runs for every read
         pos, end = 0, len(data)

@@ -257,3 +257,23 @@ def test_body_bytes_that_come_with_the_headers_wait_in_the_stream_for_chunked_bo
     assert queued_at == [headers_at]  # with the arrival of the read that brought them
     assert first_at == headers_at
     assert not reading_heads  # only while the headers are awaited
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    chunks=st.lists(chunk, min_size=1, max_size=6),
+    tail=st.sampled_from([b"", b"\r\n", b"x", b"0\r\n\r\n"]),
+)
+def test_a_read_of_one_whole_chunk_comes_out_as_with_h11(
+    chunks: list[tuple[bytes, str, str]], tail: bytes
+) -> None:
+    # A read that is exactly one chunk (the engine's common read, taken on a fast path),
+    # then one with something after the chunk (the general path), read for read as h11.
+    reads = []
+    for data, extension, case in chunks:
+        size = format(len(data), case)
+        if extension == "0":
+            size, extension = "0" + size, ""
+        reads.append(f"{size}{extension}\r\n".encode() + data + b"\r\n")
+    _compare(reads)
+    _compare([*reads[:-1], reads[-1] + tail])
