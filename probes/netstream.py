@@ -6,7 +6,9 @@ httpcore2 2.16 keeps line for line). Its socket stream resumes reading
 before every receive and pauses it after (two epoll_ctl system calls per chunk), and httpcore2
 wraps every read in anyio.fail_after (a cancel scope, even without a timeout). Here the loop
 calls us when the socket is readable (loop.add_reader, in asyncio's selector loops and uvloop
-alike); we read into a small queue, and a read takes from it or waits on one future.
+alike); we read into a small queue, and a read takes from it or waits on one future. A streamed
+body can skip even that: `divert` hands each read to a sink (the engine's parsers, through
+probes/transport.py's body_pump) from the loop's callback, so a read wakes no task at all.
 
 Why not asyncio's transports: they read with recv(), which drops the one thing a measuring
 client most wants, the kernel's receive timestamp. Each read here asks for it (SO_TIMESTAMPNS,
@@ -43,7 +45,7 @@ import ssl
 import struct
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from typing import Any
 
@@ -85,6 +87,11 @@ class _Connection:
         self.lost = False
         self.closed = False
         self.exception: BaseException | None = None
+        # While set (AsyncioStream.divert), each read goes to the sink from the loop's callback,
+        # with its arrival, instead of the queue: no task wakes for it.
+        self.sink: Callable[[bytes, float], bool] | None = None
+        self.sink_done = False
+        self.sink_error: Exception | None = None
         self.tls: ssl.SSLObject | None = None
         self.tls_in = ssl.MemoryBIO()
         self.tls_out = ssl.MemoryBIO()
@@ -124,7 +131,8 @@ class _Connection:
         else:
             self.tls_in.write(data)
             self.tls_pump(now)
-        self._wake()
+        if self.sink is None or self.eof or self.lost:
+            self._wake()
 
     def _on_writable(self) -> None:
         try:
@@ -196,6 +204,19 @@ class _Connection:
         self._wake_writer()
 
     def _queue(self, data: bytes, now: float) -> None:
+        sink = self.sink
+        if sink is not None:
+            self.last_arrival = now
+            try:
+                done = sink(data, now)
+            except Exception as exc:  # raised in the reading task, by divert
+                self.sink_error = exc
+                done = True
+            if done:
+                self.sink = None
+                self.sink_done = True
+                self._wake()
+            return
         self.chunks.append(data)
         self.arrivals.append(now)
         self.buffered += len(data)
@@ -329,6 +350,34 @@ class AsyncioStream(httpcore2.AsyncNetworkStream):
         if not conn.reading and conn.buffered <= READ_HIGH_WATER // 2:
             conn.start_reading()
         return chunk
+
+    async def divert(self, sink: Callable[[bytes, float], bool]) -> bool:
+        """Hand every read to `sink(data, arrival)` as it comes, from the event loop's callback
+        (what is queued already first, from here), until the sink returns True: then True.
+        An exception from the sink is raised here. False if the stream ends or fails first
+        (a read then says how). Saves a task wake-up, a future and the read's coroutine layers
+        on every read of a streamed body; the arrival of each read is the same."""
+        conn = self._conn
+        while conn.chunks:
+            data = await self.read(READ_SIZE)
+            if sink(data, conn.last_arrival):
+                return True
+        if conn.eof or conn.lost or conn.closed:
+            return False
+        conn.sink, conn.sink_done, conn.sink_error = sink, False, None
+        try:
+            while not (conn.sink_done or conn.eof or conn.lost or conn.closed):
+                waiter = conn.waiter = conn.loop.create_future()
+                try:
+                    await waiter
+                finally:
+                    conn.waiter = None
+        finally:
+            conn.sink = None
+        failure, conn.sink_error = conn.sink_error, None
+        if failure is not None:
+            raise failure
+        return conn.sink_done
 
     def arrived_at(self) -> float:
         """When the chunk read last arrived (perf_counter seconds)."""
