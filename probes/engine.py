@@ -74,6 +74,7 @@ from probes.transport import (
     Phases,
     arrival_clock,
     body_chunks,
+    body_pump,
     current,
     make_client,
     warm_clients,
@@ -283,13 +284,20 @@ async def _attempt(
                 )
             parser = fmt.framing(spec)
             parse = fmt.reader()
-            chunks = body_chunks(response)
+            chunks = plain = body_chunks(response)
             content_type = response.headers.get("content-type", "")
             if not content_type.lower().startswith(fmt.content_type):
                 chunks = await _sniffed(chunks, content_type, response.status_code, fmt)
             received = 0
-            async for chunk in chunks:
-                now = arrived_at()
+
+            def consume(chunk: bytes, now: float) -> None:
+                # A read's body bytes, stamped with its arrival. Called from the event loop's
+                # callback for the read when the body is pumped (its exceptions end the pump);
+                # there, a read can come after the deadline fired and before this task is
+                # cancelled for it, and is left unread, as the task would have left it.
+                nonlocal received
+                if scope.expired():
+                    return
                 received += len(chunk)
                 if received > spec.max_response_bytes:
                     raise ResponseTooLarge(f"the response exceeded {spec.max_response_bytes} bytes")
@@ -303,6 +311,13 @@ async def _attempt(
                     state.rescheduled = True
                 if state.error is not None:
                     raise state.failure()
+
+            pump = body_pump(response) if chunks is plain else None
+            if pump is not None:
+                await pump(consume)
+            else:
+                async for chunk in chunks:
+                    consume(chunk, arrived_at())
             for event in parser.close():
                 if not event.comment:
                     for piece in parse(event):

@@ -6,7 +6,9 @@ httpcore2 2.16 keeps line for line). Its socket stream resumes reading
 before every receive and pauses it after (two epoll_ctl system calls per chunk), and httpcore2
 wraps every read in anyio.fail_after (a cancel scope, even without a timeout). Here the loop
 calls us when the socket is readable (loop.add_reader, in asyncio's selector loops and uvloop
-alike); we read into a small queue, and a read takes from it or waits on one future.
+alike); we read into a small queue, and a read takes from it or waits on one future. A streamed
+body can skip even that: `divert` hands each read to a sink (the engine's parsers, through
+probes/transport.py's body_pump) from the loop's callback, so a read wakes no task at all.
 
 Why not asyncio's transports: they read with recv(), which drops the one thing a measuring
 client most wants, the kernel's receive timestamp. Each read here asks for it (SO_TIMESTAMPNS,
@@ -43,7 +45,7 @@ import ssl
 import struct
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from typing import Any
 
@@ -69,6 +71,10 @@ class _Connection:
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
         self.loop = loop
         self.sock = sock
+        # The loop is given the descriptor, not the socket: asyncio's selector looks a new
+        # reader up first, and the KeyError it raises for the socket formats its repr (two
+        # system calls for the addresses) on every connection.
+        self.fd = sock.fileno()
         self.chunks: collections.deque[bytes] = collections.deque()
         self.arrivals: collections.deque[float] = collections.deque()  # one per chunk
         self.last_arrival = 0.0  # arrival of the chunk read last
@@ -81,6 +87,11 @@ class _Connection:
         self.lost = False
         self.closed = False
         self.exception: BaseException | None = None
+        # While set (AsyncioStream.divert), each read goes to the sink from the loop's callback,
+        # with its arrival, instead of the queue: no task wakes for it.
+        self.sink: Callable[[bytes, float], bool] | None = None
+        self.sink_done = False
+        self.sink_error: Exception | None = None
         self.tls: ssl.SSLObject | None = None
         self.tls_in = ssl.MemoryBIO()
         self.tls_out = ssl.MemoryBIO()
@@ -93,7 +104,7 @@ class _Connection:
             except OSError:
                 pass
         self.reading = True
-        loop.add_reader(sock, self._on_readable)
+        loop.add_reader(self.fd, self._on_readable)
 
     # the loop's callbacks
 
@@ -120,7 +131,8 @@ class _Connection:
         else:
             self.tls_in.write(data)
             self.tls_pump(now)
-        self._wake()
+        if self.sink is None or self.eof or self.lost:
+            self._wake()
 
     def _on_writable(self) -> None:
         try:
@@ -133,7 +145,7 @@ class _Connection:
         del self.unsent[:sent]
         if not self.unsent:
             self.drained_at = time.perf_counter()
-            self.loop.remove_writer(self.sock)
+            self.loop.remove_writer(self.fd)
             self._wake_writer()
 
     # helpers
@@ -154,7 +166,7 @@ class _Connection:
             self.drained_at = time.perf_counter()
             return True
         self.unsent += data[sent:]
-        self.loop.add_writer(self.sock, self._on_writable)
+        self.loop.add_writer(self.fd, self._on_writable)
         return False
 
     def close(self) -> None:
@@ -163,7 +175,7 @@ class _Connection:
         self.closed = True
         self._stop_reading()
         if self.unsent:
-            self.loop.remove_writer(self.sock)
+            self.loop.remove_writer(self.fd)
             self.unsent.clear()
         self.sock.close()
         self._wake()
@@ -172,12 +184,12 @@ class _Connection:
     def start_reading(self) -> None:
         if not self.reading and not (self.eof or self.lost or self.closed):
             self.reading = True
-            self.loop.add_reader(self.sock, self._on_readable)
+            self.loop.add_reader(self.fd, self._on_readable)
 
     def _stop_reading(self) -> None:
         if self.reading:
             self.reading = False
-            self.loop.remove_reader(self.sock)
+            self.loop.remove_reader(self.fd)
 
     def _fail(self, exc: BaseException) -> None:
         self.lost = True
@@ -185,13 +197,26 @@ class _Connection:
             self.exception = exc
         self._stop_reading()
         if self.unsent:
-            self.loop.remove_writer(self.sock)
+            self.loop.remove_writer(self.fd)
             self.unsent.clear()
         self._fail_handshake(exc)
         self._wake()
         self._wake_writer()
 
     def _queue(self, data: bytes, now: float) -> None:
+        sink = self.sink
+        if sink is not None:
+            self.last_arrival = now
+            try:
+                done = sink(data, now)
+            except Exception as exc:  # raised in the reading task, by divert
+                self.sink_error = exc
+                done = True
+            if done:
+                self.sink = None
+                self.sink_done = True
+                self._wake()
+            return
         self.chunks.append(data)
         self.arrivals.append(now)
         self.buffered += len(data)
@@ -325,6 +350,34 @@ class AsyncioStream(httpcore2.AsyncNetworkStream):
         if not conn.reading and conn.buffered <= READ_HIGH_WATER // 2:
             conn.start_reading()
         return chunk
+
+    async def divert(self, sink: Callable[[bytes, float], bool]) -> bool:
+        """Hand every read to `sink(data, arrival)` as it comes, from the event loop's callback
+        (what is queued already first, from here), until the sink returns True: then True.
+        An exception from the sink is raised here. False if the stream ends or fails first
+        (a read then says how). Saves a task wake-up, a future and the read's coroutine layers
+        on every read of a streamed body; the arrival of each read is the same."""
+        conn = self._conn
+        while conn.chunks:
+            data = await self.read(READ_SIZE)
+            if sink(data, conn.last_arrival):
+                return True
+        if conn.eof or conn.lost or conn.closed:
+            return False
+        conn.sink, conn.sink_done, conn.sink_error = sink, False, None
+        try:
+            while not (conn.sink_done or conn.eof or conn.lost or conn.closed):
+                waiter = conn.waiter = conn.loop.create_future()
+                try:
+                    await waiter
+                finally:
+                    conn.waiter = None
+        finally:
+            conn.sink = None
+        failure, conn.sink_error = conn.sink_error, None
+        if failure is not None:
+            raise failure
+        return conn.sink_done
 
     def arrived_at(self) -> float:
         """When the chunk read last arrived (perf_counter seconds)."""

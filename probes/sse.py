@@ -39,6 +39,19 @@ class SSEParser:
 
     def feed(self, chunk: bytes) -> list[Event]:
         cap = self.max_line_bytes
+        if (
+            chunk.startswith(b"data:")
+            and chunk.find(b"\n") == len(chunk) - 2  # one line, then the blank line
+            and chunk.endswith(b"\n\n")
+            and not (self._buffer or self._data or chunk.endswith(b"\r\n\n"))
+            and len(chunk) - 2 <= cap
+        ):
+            # The common read: one whole event of one data line (an event a chunk), taken as
+            # the loop below takes it, without splitting lines.
+            cut = 6 if chunk.startswith(b" ", 5) else 5
+            event = Event(self._event, chunk[cut:-2].decode("utf-8", errors="replace"))
+            self._event = ""
+            return [event]
         if self._buffer:
             self._buffer += chunk
             data = bytes(self._buffer)

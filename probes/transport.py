@@ -16,7 +16,8 @@ transport (its public transport API) over that pool.
 A chunked HTTP/1.1 response body (every SSE stream over HTTP/1.1) is decoded by ChunkedBody, a
 read at a time, rather than by h11 an event per chunk: the pool's HTTP/1.1 connections are
 _HTTP11, the one place that reaches inside httpcore2 (see there). It is the engine's hot path
-at 200 streams, kept beside the transport it serves; hence a module a little past 600 lines.
+at 200 streams, kept beside the transport it serves (with body_pump, which hands a chunked body
+to the engine from the event loop's callback); hence a module of some 700 lines.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import re
 import socket
 import ssl
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
@@ -214,6 +215,11 @@ HTTPCORE_ERRORS = (
 CORE_BODY = "routewatch.core_body"
 # The response extension under which _HTTP11 hands over the reader of a chunked body.
 CHUNKED_BODY = "routewatch.chunked_body"
+# The response extension under which _HTTP11 hands over a chunked body's pump (body_pump).
+CHUNKED_PUMP = "routewatch.chunked_pump"
+
+# What a pump hands each read's body bytes to, with the read's arrival (perf_counter).
+Consume = Callable[[bytes, float], None]
 
 # httpcore2's exceptions as httpx2's, most specific first: what an httpx2 transport raises.
 _MAPPED: tuple[tuple[type[Exception], type[httpx2.TransportError]], ...] = (
@@ -332,6 +338,17 @@ class ChunkedBody:
         if self._pending:
             data = self._pending + data
             self._pending = b""
+        elif not (self._left or self._footer):
+            # The common read at a chunk boundary: one whole chunk, its size line, data and
+            # CRLF (a streamed event a read). Taken at once, or by the loop below if not.
+            line_end = data.find(b"\r\n", 0, 24)
+            if line_end > 0:
+                found = _CHUNK_SIZE.fullmatch(data, 0, line_end)
+                if found is not None:
+                    start = line_end + 2
+                    stop = start + int(found[1], 16)
+                    if stop > start and stop + 2 == len(data) and data.endswith(b"\r\n"):
+                        return data[start:stop], None
         decoded: list[bytes] = []
         left, footer = self._left, self._footer  # locals: this runs for every read
         pos, end = 0, len(data)
@@ -429,7 +446,55 @@ class _HTTP11(httpcore2.AsyncHTTP11Connection):
             # Read directly by body_chunks: httpcore2's response stream would put two generator
             # layers of its own on every chunk. Closing the response still goes through it.
             response.extensions[CHUNKED_BODY] = self._receive_response_body(request)
+            timeout = request.extensions.get("timeout", {}).get("read", None)
+            if timeout is None and isinstance(self._network_stream, AsyncioStream):
+                response.extensions[CHUNKED_PUMP] = functools.partial(self._pump_body, request)
         return response
+
+    async def _pump_body(self, request: httpcore2.Request, consume: Consume) -> None:
+        """The chunked body handed to `consume` a read at a time, as _receive_response_body
+        yields it (the same bytes from the same reads, the same errors), each read with its
+        arrival; from the reads after the head on, straight from the event loop's callback
+        (AsyncioStream.divert). Instead of _receive_response_body, not with it."""
+        self._chunked = False
+        stream = self._network_stream
+        assert isinstance(stream, AsyncioStream)
+        body = ChunkedBody(self.MAX_INCOMPLETE_EVENT_SIZE)
+        h11_state = self._h11_state
+        data = h11_state.trailing_data[0]
+        chunked = True
+        while data:  # what h11 holds: as in _receive_response_body
+            _, rest = body.feed(data)
+            if rest is not None or body.failure is not None:
+                chunked = False
+                break
+            held = _h11_data(h11_state)
+            if held:
+                consume(held, stream.arrived_at())
+            if body.at_boundary():
+                break
+            data = await stream.read(self.READ_NUM_BYTES)
+            h11_state.receive_data(data)
+            chunked = bool(data)
+        if chunked:
+            end: bytes | None = None
+
+            def sink(data: bytes, now: float) -> bool:
+                nonlocal end
+                decoded, end = body.feed(data)
+                if decoded:
+                    consume(decoded, now)
+                if body.failure is not None:
+                    raise body.failure
+                return end is not None
+
+            if not await stream.divert(sink):  # the stream ended or failed first
+                await stream.read(self.READ_NUM_BYTES)  # its ReadError, if it failed
+                raise body.eof_error()
+            assert end is not None
+            h11_state.receive_data(end)
+        async for chunk in super()._receive_response_body(request):
+            consume(chunk, stream.arrived_at())
 
     async def _receive_response_body(self, request: httpcore2.Request) -> AsyncGenerator[bytes]:
         chunked, self._chunked = self._chunked, False
@@ -551,6 +616,15 @@ def body_chunks(response: httpx2.Response) -> AsyncIterator[bytes]:
     if body is None:
         return response.aiter_raw()
     return body.__aiter__()
+
+
+def body_pump(response: httpx2.Response) -> Callable[[Consume], Awaitable[None]] | None:
+    """For a chunked HTTP/1.1 body on our stream: an awaitable `pump(consume)` that hands
+    `consume(data, arrival)` the body a read at a time as body_chunks would yield it (an
+    exception from consume ends the pump with it), calling it from the event loop's callback
+    for each read rather than waking the reading task. None for any other body."""
+    pump: Callable[[Consume], Awaitable[None]] | None = response.extensions.get(CHUNKED_PUMP)
+    return pump
 
 
 @functools.cache

@@ -4,13 +4,16 @@ same read, and the same framing errors at the same read."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import Any
 
 import h11
+import httpcore2
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from probes.transport import ChunkedBody, body_chunks, make_client
+from probes.transport import ChunkedBody, body_chunks, body_pump, make_client
 from tests.probes.loopback import LoopbackServer, Reply
 
 LIMIT = 64  # the longest incomplete line, small so that the limit is reached
@@ -148,6 +151,20 @@ def test_a_chunked_stream_leaves_its_connection_reusable() -> None:
     assert streams[0] is streams[1]
 
 
+def _collect(stream: Any) -> tuple[list[bytes], list[float], Callable[[bytes, float], None]]:
+    """A consumer for body_pump that keeps each part and its arrival, checking the arrival is
+    the stream's last read's."""
+    parts: list[bytes] = []
+    stamps: list[float] = []
+
+    def consume(data: bytes, now: float) -> None:
+        assert now == stream.arrived_at()
+        parts.append(data)
+        stamps.append(now)
+
+    return parts, stamps, consume
+
+
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 ONE = b"b\r\ndata: one\n\n\r\n"
 TWO = b"b\r\ndata: two\n\n\r\n"
@@ -165,12 +182,14 @@ END = b"0\r\n\r\n"
         [HEAD, ONE + TWO[:5], TWO[5:] + b"0\r\nx-trailer: 1\r\n", b"\r\n"],
     ],
 )
+@pytest.mark.parametrize("pumped", [False, True])
 def test_a_body_split_anywhere_comes_out_whole_and_the_connection_is_reused(
-    writes: list[bytes],
+    writes: list[bytes], pumped: bool
 ) -> None:
     """However the reads fall against the headers and the chunks (h11 reading what came with
     the headers, ChunkedBody from the first whole chunk on), the body is the same, and the
-    next request goes out on the same connection."""
+    next request goes out on the same connection; read by body_chunks, or pumped from the
+    loop's callback (body_pump, the engine's way), each part with its read's arrival."""
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         for _ in range(2):
@@ -196,8 +215,17 @@ def test_a_body_split_anywhere_comes_out_whole_and_the_connection_is_reused(
             for _ in range(2):
                 url = f"http://127.0.0.1:{port}/"
                 async with client.stream("POST", url, content=b"{}") as response:
-                    bodies.append(b"".join([part async for part in body_chunks(response)]))
-                    streams.append(response.extensions["network_stream"])
+                    stream = response.extensions["network_stream"]
+                    pump = body_pump(response)
+                    assert pump is not None
+                    if pumped:
+                        parts, stamps, consume = _collect(stream)
+                        await pump(consume)
+                        assert stamps == sorted(stamps)
+                        bodies.append(b"".join(parts))
+                    else:
+                        bodies.append(b"".join([part async for part in body_chunks(response)]))
+                    streams.append(stream)
         finally:
             await client.aclose()
             server.close()
@@ -257,3 +285,98 @@ def test_body_bytes_that_come_with_the_headers_wait_in_the_stream_for_chunked_bo
     assert queued_at == [headers_at]  # with the arrival of the read that brought them
     assert first_at == headers_at
     assert not reading_heads  # only while the headers are awaited
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    chunks=st.lists(chunk, min_size=1, max_size=6),
+    tail=st.sampled_from([b"", b"\r\n", b"x", b"0\r\n\r\n"]),
+)
+def test_a_read_of_one_whole_chunk_comes_out_as_with_h11(
+    chunks: list[tuple[bytes, str, str]], tail: bytes
+) -> None:
+    # A read that is exactly one chunk (the engine's common read, taken on a fast path),
+    # then one with something after the chunk (the general path), read for read as h11.
+    reads = []
+    for data, extension, case in chunks:
+        size = format(len(data), case)
+        if extension == "0":
+            size, extension = "0" + size, ""
+        reads.append(f"{size}{extension}\r\n".encode() + data + b"\r\n")
+    _compare(reads)
+    _compare([*reads[:-1], reads[-1] + tail])
+
+
+@pytest.mark.parametrize(
+    ("writes", "failure", "body"),
+    [
+        ([HEAD, ONE, b"zz\r\n"], "illegal chunk header: bytearray(b'zz\\r\\n')", ONE[3:-2]),
+        (
+            [HEAD, ONE, TWO[:-2] + b"xx"],
+            "malformed chunk footer: bytearray(b'xx')",
+            ONE[3:-2] + TWO[3:-2],
+        ),
+        (
+            [HEAD, ONE, TWO[:6]],
+            "peer closed connection without sending complete message body",
+            b"data: one\n\ndat",
+        ),
+        ([HEAD, ONE, b"ffff"], "peer unexpectedly closed connection", ONE[3:-2]),
+        ([HEAD, ONE, b"c\r\ndata: oops\n\n\r\n"], "consume refused the read", ONE[3:-2]),
+    ],
+)
+@pytest.mark.parametrize("pumped", [False, True])
+def test_a_failing_body_fails_alike_read_or_pumped(
+    writes: list[bytes], failure: str, body: bytes, pumped: bool
+) -> None:
+    """A framing error, the end of the stream inside the body, or an exception of the consumer:
+    the same exception after the same data, read by body_chunks or pumped from the callback,
+    and the connection is not reused."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(2)
+        for data in writes:
+            writer.write(data)
+            await writer.drain()
+            await asyncio.sleep(0.02)
+        writer.close()
+
+    class Refused(Exception):
+        pass
+
+    def consume(data: bytes, now: float) -> None:
+        if b"oops" in data:
+            raise Refused("consume refused the read")
+        parts.append(data)
+
+    parts: list[bytes] = []
+
+    async def go() -> tuple[str, bool]:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = make_client(False, True, cleartext=True)
+        error = ""
+        try:
+            url = f"http://127.0.0.1:{port}/"
+            async with client.stream("POST", url, content=b"{}") as response:
+                stream = response.extensions["network_stream"]
+                try:
+                    if pumped:
+                        pump = body_pump(response)
+                        assert pump is not None
+                        await pump(consume)
+                    else:
+                        async for part in body_chunks(response):
+                            consume(part, stream.arrived_at())
+                except (httpcore2.RemoteProtocolError, Refused) as exc:
+                    error = str(exc)
+            return error, stream._conn.closed
+        finally:
+            await client.aclose()
+            server.close()
+
+    error, closed = asyncio.run(go())
+    assert b"".join(parts) == body
+    assert error.startswith(failure)
+    assert closed

@@ -173,6 +173,36 @@ def test_the_sse_parser_agrees_with_the_plain_rules(
 
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(
+    events=st.lists(
+        st.tuples(
+            st.sampled_from([b"", b"event: delta\n", b": ping\n", b"data: a\n"]),
+            st.sampled_from([b"data: ", b"data:", b"data:  ", b"datum: ", b"\xef\xbb\xbfdata: "]),
+            sse_bytes.filter(lambda line: b"\n" not in line),
+            st.sampled_from([b"\n\n", b"\r\n\n", b"\n\r\n", b"\n", b"\n\n\n"]),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    cap=st.integers(min_value=1, max_value=120),
+)
+def test_a_read_of_one_whole_event_parses_by_the_plain_rules(
+    events: list[tuple[bytes, bytes, bytes, bytes]], cap: int
+) -> None:
+    # Each read one event of one data line (the engine's common read, taken on a fast path),
+    # or nearly so (a line before it, a CR, no blank line), agrees with the plain rules.
+    chunks = [b"".join(parts) for parts in events]
+    expected = _reference_events(chunks, cap)
+    parser = SSEParser(max_line_bytes=cap)
+    try:
+        got = [event for chunk in chunks for event in parser.feed(chunk)] + parser.close()
+    except LineTooLong:
+        assert expected is None
+        return
+    assert got == expected
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(
     data=st.one_of(
         st.text(max_size=40),
         json_values.map(json.dumps),
