@@ -3,6 +3,7 @@ from __future__ import annotations
 import gc
 import os
 from pathlib import Path
+from typing import cast
 
 from django.core.wsgi import get_wsgi_application
 
@@ -21,8 +22,7 @@ def warm() -> int:
     get_resolver().url_patterns  # noqa: B018 (imports every view module)
     engine = engines["django"]
     compiled = 0
-    folders: list[Path] = settings.TEMPLATES[0]["DIRS"]
-    for folder in folders:
+    for folder in cast(list[Path], settings.TEMPLATES[0]["DIRS"]):
         for path in sorted(Path(folder).rglob("*.html")):
             engine.get_template(path.relative_to(folder).as_posix())
             compiled += 1
