@@ -19,6 +19,8 @@ request that finds it expired and rebuilds it (beat down, or a configuration cha
 from __future__ import annotations
 
 import argparse
+import gc
+import importlib
 import os
 import statistics
 import subprocess
@@ -79,21 +81,50 @@ SELECT r.* FROM monitor_proberesult AS r ORDER BY started_at DESC, id DESC LIMIT
 API_ROUTE = "API route answer"
 
 
-def _timeit_cpu(fn: Callable[[], object], repeat: int) -> tuple[list[float], list[float]]:
+class FullCollections:
+    """The collector's full (generation 2) passes, timed by a gc.callbacks hook: each walks
+    every tracked object the process holds, and one that lands in a read adds its whole pause
+    to that read's server time (the p95 outliers of earlier runs)."""
+
+    def __init__(self) -> None:
+        self.pauses: list[float] = []  # ms, in order
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.pauses.append((time.perf_counter() - self._started) * 1000)
+
+    def __enter__(self) -> FullCollections:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self)
+
+
+def _timeit_cpu(
+    fn: Callable[[], object], repeat: int
+) -> tuple[list[float], list[float], list[float]]:
     """Server time and the reading thread's own CPU time (ms) of each of `repeat` reads, after
-    one read that warms the caches (as bench_scale._timeit). The CPU is what a read costs on a
-    busy machine: the rest of its server time is its queries and its waits for a CPU."""
+    one read that warms the caches (as bench_scale._timeit), and the full collections that
+    ran during those reads (ms each). The CPU is what a read costs on a busy machine: the
+    rest of its server time is its queries and its waits for a CPU."""
     fn()
     times, cpu = [], []
-    for _ in range(repeat):
-        t0, c0 = time.perf_counter(), time.thread_time()
-        fn()
-        times.append((time.perf_counter() - t0) * 1000)
-        cpu.append((time.thread_time() - c0) * 1000)
-    return times, cpu
+    with FullCollections() as full:
+        for _ in range(repeat):
+            t0, c0 = time.perf_counter(), time.thread_time()
+            fn()
+            times.append((time.perf_counter() - t0) * 1000)
+            cpu.append((time.thread_time() - c0) * 1000)
+    return times, cpu, full.pauses
 
 
-Measured = tuple[str, list[float], list[float] | None, list[float]]
+Measured = tuple[str, list[float], list[float] | None, list[float], list[float]]
 
 
 def measure(now: datetime, repeat: int) -> list[Measured]:
@@ -123,9 +154,9 @@ def measure(now: datetime, repeat: int) -> list[Measured]:
     api = _api_reader(api_client, api_headers)
     out = []
     for name, page, naive in _pages(now, task, route, other, get, api):
-        page_ms, cpu_ms = _timeit_cpu(page, repeat)
+        page_ms, cpu_ms, full_ms = _timeit_cpu(page, repeat)
         naive_ms = bench_scale._timeit(naive, max(2, repeat // 10)) if naive else None
-        out.append((name, page_ms, naive_ms, cpu_ms))
+        out.append((name, page_ms, naive_ms, cpu_ms, full_ms))
     return out
 
 
@@ -273,9 +304,10 @@ def main() -> None:
         [sys.executable, str(ROOT / "manage.py"), "collectstatic", "--noinput", "-v0"], check=True
     )
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "monitor.settings")
-    import django
-
-    django.setup()
+    # The application loaded as a web worker loads it (gunicorn monitor.wsgi): its startup
+    # heap frozen out of the collector's full passes. With django.setup() alone, every full
+    # pass walked ~135,000 objects no worker's pass walks (140-250 ms in a read).
+    importlib.import_module("monitor.wsgi")
     from django.db import connection
 
     from monitor.models import ProbeResult, Rollup
@@ -308,12 +340,13 @@ def main() -> None:
     print(f"\ndatabase {bench_scale.BENCH_DB}: {rows:,} raw rows (estimate), {ns.days} days")
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"load average {load}; cpu = the reading thread's CPU time (time.thread_time)")
+    print("full gc = the collector's full passes during the page's reads: how many, their total")
     print(
         f"{'page (server time)':36} {'p50':>8} {'p95':>8} {'cpu p50':>8} {'cpu p95':>8}"
-        f" {'naive raw':>10} {'ratio':>7}"
+        f" {'naive raw':>10} {'ratio':>7} {'full gc':>12}"
     )
     worst = 0.0
-    for name, page_ms, naive_ms, cpu_ms in results:
+    for name, page_ms, naive_ms, cpu_ms, full_ms in results:
         p50, p95 = statistics.median(page_ms), bench_scale._p(page_ms, 0.95)
         if name != BACKTEST:
             worst = max(worst, p95)
@@ -329,12 +362,19 @@ def main() -> None:
         )
         flag = "ok" if p95 <= target else f"OVER {target:.0f} ms"
         cpu50, cpu95 = statistics.median(cpu_ms), bench_scale._p(cpu_ms, 0.95)
+        full_text = f"{len(full_ms)} / {sum(full_ms):.0f}ms" if full_ms else "0"
         print(
             f"{name:36} {p50:6.1f}ms {p95:6.1f}ms {cpu50:6.1f}ms {cpu95:6.1f}ms"
-            f" {naive_text} {ratio}  {flag}"
+            f" {naive_text} {ratio} {full_text:>12}  {flag}"
         )
     print(f"\nslowest page p95: {worst:.1f} ms (target {TARGET_P95_MS:.0f} ms)")
-    api_p95 = next(bench_scale._p(ms, 0.95) for name, ms, _, _ in results if name == API_ROUTE)
+    pauses = [ms for *_, full_ms in results for ms in full_ms]
+    print(
+        f"full collections during the reads: {len(pauses)}, {sum(pauses):.0f} ms in all,"
+        f" longest {max(pauses, default=0.0):.0f} ms; {len(gc.get_objects()):,} objects tracked"
+        f" at the end ({gc.get_freeze_count():,} frozen)"
+    )
+    api_p95 = next(bench_scale._p(ms, 0.95) for name, ms, *_ in results if name == API_ROUTE)
     print(f"API route answer p95: {api_p95:.1f} ms (target {TARGET_API_P95_MS:.0f} ms)")
 
 
