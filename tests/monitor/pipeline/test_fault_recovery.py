@@ -451,7 +451,9 @@ def test_an_ingest_message_a_killed_worker_held_comes_back_within_seconds(
     assert "took back 1 ingest message" in stack.log("ingest")
     assert ProbeResult.objects.count() == len(slots)
     assert set(ProbeSlot.objects.values_list("status", flat=True)) == {"done"}
-    assert queues.unacked() == 0
+    # Acknowledged once run (acks_late): the ack follows the commit that stored the results,
+    # so on a loaded machine it may be a moment behind them. One never acknowledged fails here.
+    assert support.wait_until(lambda: queues.unacked() == 0, 30, interval_s=0.2), queues.unacked()
     assert _one_row_per_slot()
 
 
