@@ -200,6 +200,8 @@ def regions_health(now: datetime, *, with_idle: bool = False) -> list[RegionHeal
     and of each other active region with a live worker. The scheduled regions and the live
     workers are read once (they were read twice for the Status page)."""
     scheduled = scheduled_regions()
+    if not scheduled and not with_idle:
+        return []
     beacons = liveness.live_workers()
     regions = _with_idle(scheduled, beacons) if with_idle else scheduled
     scheduled_ids = {g.pk for g in scheduled}
