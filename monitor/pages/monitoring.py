@@ -183,20 +183,27 @@ def scheduled_regions() -> list[Region]:
     )
 
 
-def status_regions() -> list[Region]:
+def _with_idle(
+    scheduled: list[Region], beacons: dict[str, list[liveness.Beacon]] | None
+) -> list[Region]:
     """The regions the Status page lists: those some active task probes from, and any other
     active region with a live worker (enrolled and started before a task probes from it, or
     taken out of its tasks: its worker shows, and the page says why it gets no work)."""
-    scheduled = scheduled_regions()
     known = {g.slug for g in scheduled}
-    live = [slug for slug in (liveness.live_workers() or {}) if slug not in known]
+    live = [slug for slug in (beacons or {}) if slug not in known]
     idle = Region.objects.filter(is_active=True, slug__in=live) if live else []
     return sorted([*scheduled, *idle], key=lambda g: g.name)
 
 
-def regions_health(now: datetime, regions: list[Region] | None = None) -> list[RegionHealth]:
+def regions_health(now: datetime, *, with_idle: bool = False) -> list[RegionHealth]:
+    """The health of each region some active task probes from; `with_idle` (the Status page):
+    and of each other active region with a live worker. The scheduled regions and the live
+    workers are read once (they were read twice for the Status page)."""
     scheduled = scheduled_regions()
-    regions = scheduled if regions is None else regions
+    if not scheduled and not with_idle:
+        return []
+    beacons = liveness.live_workers()
+    regions = _with_idle(scheduled, beacons) if with_idle else scheduled
     scheduled_ids = {g.pk for g in scheduled}
     if not regions:
         return []
@@ -217,7 +224,6 @@ def regions_health(now: datetime, regions: list[Region] | None = None) -> list[R
         for hb in Heartbeat.objects.filter(name__in=[region_heartbeat(i) for i in ids])
     }
     failed_paths = path_failures(now, ids)
-    beacons = liveness.live_workers()
     try:
         depths: dict[str, int] | None = queues.depths(g.queue_name for g in regions)
     except redis.RedisError:

@@ -352,7 +352,7 @@ def status(request: HtmxHttpRequest) -> HttpResponse:
         ],
         "tick": Heartbeat.objects.filter(name=HEARTBEAT_TICK).first(),
         "cap_notices": _cap_notices(Task.objects.filter(is_active=True), now),
-        "regions": monitoring.regions_health(now, monitoring.status_regions()),
+        "regions": monitoring.regions_health(now, with_idle=True),
         "lag_bound_s": settings.START_LAG_MAX_SECONDS,
         "clock_tolerance_s": settings.CLOCK_TOLERANCE_SECONDS,
         "now": now,

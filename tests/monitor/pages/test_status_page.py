@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
@@ -99,6 +101,23 @@ def test_the_status_page_lists_queues_and_lets_staff_replay_dead_letters(
     assert ProbeResult.objects.get().outcome == "ok"
     assert ProbeSlot.objects.get().status == "done"
     assert queues.dead_letter_count() == 0
+
+
+def test_the_status_page_reads_the_scheduled_regions_once(
+    client: Client, clean_broker, world, teammate: User
+) -> None:
+    """Which regions some active task probes from is one query a Status page, not one for the
+    list and another for each region's "scheduled" flag (issue 33: the page's CPU)."""
+    *_, g = world
+    client.force_login(teammate)
+    client.get(reverse("rw-status"))  # warm: the session and the templates
+    with CaptureQueriesContext(connection) as queries:
+        page = client.get(reverse("rw-status")).content.decode()
+    assert f'data-queue="{g.queue_name}"' in page
+    scheduled = [
+        q["sql"] for q in queries if q["sql"].startswith('SELECT DISTINCT "monitor_region"')
+    ]
+    assert len(scheduled) == 1, scheduled
 
 
 def test_a_replay_stores_nothing_its_region_did_not_sign(clean_broker, world) -> None:
