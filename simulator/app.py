@@ -139,9 +139,9 @@ class SimulatorApp:
                     processes.append(counts)
                     more = array("d")
                     more.frombytes(raw)
-                    split = 8 * counts.pop("lags", len(more))
-                    lags += more[: split // 8]
-                    waits += more[split // 8 :]
+                    n = counts.pop("lags", len(more))  # send lags first, then header waits
+                    lags += more[:n]
+                    waits += more[n:]
             requests = sum(p["requests"] for p in processes)
             active = sum(p["active_streams"] for p in processes)
             self._json(

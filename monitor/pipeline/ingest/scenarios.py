@@ -167,9 +167,10 @@ def ingest_scenario(
             # measured in time: the real result replaces the missed one, in the rollups too.
             take_back_missed((slot.task_id, slot.route_id, slot.region_id, slot.slot_at))
         ProbeSlot.objects.filter(pk=slot.pk).update(status=SLOT_DONE)
-        rollup_writes.apply([rollup_writes.scenario_row(scenario)])
+        row = rollup_writes.scenario_row(scenario)
+        rollup_writes.apply([row])
         if from_region is not None:  # a live slot of the schedule (monitor.stats.health)
-            health.count([rollup_writes.scenario_row(scenario)])
+            health.count([row])
     return scenario
 
 
