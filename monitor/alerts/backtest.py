@@ -152,19 +152,16 @@ def run(rule: AlertRule, now: datetime, days: int = DAYS) -> Backtest:
             if floor is None or hour >= floor:
                 hours.append(hour)
             hour += timedelta(hours=1)
-        found = onset.combine(
-            (
-                onset.onset_of(
-                    [
-                        onset.Piece(h, *evidence.count(stats, evidence.lines.get(unit)))
-                        for h in hours
-                        if (stats := by_hour.get(h, {}).get(unit)) is not None
-                    ],
-                    evidence.share,
-                )
+        found = onset.of_pieces(
+            evidence,
+            {
+                unit: [
+                    onset.Piece(h, *evidence.count(stats, evidence.lines.get(unit)))
+                    for h in hours
+                    if (stats := by_hour.get(h, {}).get(unit)) is not None
+                ]
                 for unit in evidence.units
-            ),
-            evidence.needed,
+            },
         )
         return found if found is not None else at
 

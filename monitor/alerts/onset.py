@@ -35,7 +35,7 @@ from its histogram).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -156,6 +156,14 @@ def combine(onsets: Iterable[datetime | None], needed: int) -> datetime | None:
     return known[needed - 1] if needed >= 1 and len(known) >= needed else None
 
 
+def of_pieces(evidence: Evidence, pieces: Mapping[Unit, Sequence[Piece]]) -> datetime | None:
+    """The alert's onset from each unit's pieces in time order (probes or hours): the
+    needed-th earliest of the units' onsets."""
+    return combine(
+        (onset_of(pieces.get(u, ()), evidence.share) for u in evidence.units), evidence.needed
+    )
+
+
 def of_rows(evidence: Evidence, rows: Iterable[ResultRow]) -> datetime | None:
     """The alert's onset from raw results (any order)."""
     wanted = set(evidence.units)
@@ -167,7 +175,7 @@ def of_rows(evidence: Evidence, rows: Iterable[ResultRow]) -> datetime | None:
         verdict = evidence.judge(row, evidence.lines.get(unit))
         if verdict is not None:
             pieces[unit].append(Piece(row.started_at, int(verdict), 1))
-    return combine((onset_of(pieces[u], evidence.share) for u in evidence.units), evidence.needed)
+    return of_pieces(evidence, pieces)
 
 
 def live(evidence: Evidence, task_id: int, since: datetime, until: datetime) -> datetime | None:
