@@ -205,3 +205,22 @@ def test_a_rate_limit_onset_is_the_first_429(setup: Setup) -> None:
     now = T0 + timedelta(minutes=2)
     [finding] = evaluation.evaluate(rule, now)
     assert lifecycle.onset_for(rule, finding, now) == T0
+
+
+def test_a_speed_onset_is_the_first_slow_stream_and_a_stray_one_stays_out(setup: Setup) -> None:
+    """Speed falls instead of rising: the onset of a tokens/s p50 rule is the first probe
+    under the line, and one stray slow stream earlier (followed by fast ones) is not it."""
+    s = setup
+    s.task.probe_interval_s = 10
+    s.task.save()
+    us, eu, _ = s.regions
+    _slowdown(s, tps=20.0)  # 100 tok/s before T0, 20 from it in us-east and eu-west
+    stray = T0 - timedelta(seconds=25)
+    write([f.payload(s.task, s.fast, g, stray, slot=False, tps=15.0) for g in (us, eu)])
+    rule = latency_rule(s, metric="tps_p50", threshold_ms=50, window_minutes=5)
+    # The window (5 minutes) holds three fast probes, the stray one and 27 slow ones.
+    now = T0 + timedelta(minutes=4, seconds=30)
+    assert now - rule.window() < stray
+    [finding] = evaluation.evaluate(rule, now)
+    assert finding.facts["regions"] == ["eu-west", "us-east"]
+    assert lifecycle.onset_for(rule, finding, now) == T0
