@@ -503,6 +503,7 @@ def _measure(
     comps = trees()
     cpu = {name: _used(cpu0[name], _cpu(ps)) / wall for name, ps in comps.items()}
     rss = {name: _rss(ps) for name, ps in comps.items()}
+    statement_rows = load_statements.read(setup.env["DATABASE_URL"]) if statements else []
     pages.stop.set()
     pages.join()
     SIM_WATCH.stop.set()
@@ -516,8 +517,8 @@ def _measure(
     counts, swept = _close_window(ns, setup, start, end)
     window = _read_window(start, end, wall, cpu, rss, counts, swept, phases)
     window.durations, window.skipped = _task_durations(procs)
-    if statements:  # read after the window closed: the sweep above adds a few statements
-        load_statements.report(setup.env["DATABASE_URL"], ns.pg_statements, wall, window.written)
+    if statements:
+        load_statements.report(statement_rows, ns.pg_statements, wall, window.written)
     return window
 
 

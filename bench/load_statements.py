@@ -35,20 +35,26 @@ def start(url: str) -> bool:
     return True
 
 
-def report(url: str, top: int, wall_s: float, rows_written: int) -> None:
-    """The window's `top` statements by total execution time: calls, time per call, their
-    share of the window's wall time (cores) and per 1,000 results written."""
+def read(url: str) -> list[tuple[Any, ...]]:
+    """The counters now (at the window's end, before the bench closes it: what runs after,
+    the sweep and the bench's own reads, is not the deployment's load)."""
     import psycopg
 
     sql = """
-        SELECT query, calls, total_exec_time, rows, shared_blks_hit + shared_blks_read
+        SELECT query, calls, total_exec_time, rows
         FROM pg_stat_statements
         WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
         ORDER BY total_exec_time DESC
     """
-    rows: list[tuple[Any, ...]] = []
     with contextlib.suppress(psycopg.Error), psycopg.connect(url, autocommit=True) as conn:
-        rows = conn.execute(sql).fetchall()
+        return conn.execute(sql).fetchall()
+    return []
+
+
+def report(rows: list[tuple[Any, ...]], top: int, wall_s: float, rows_written: int) -> None:
+    """The window's `top` statements by total execution time (which counts waits for locks
+    and for a CPU too): calls, time per call, their share of the window's wall time and per
+    1,000 results written."""
     if not rows:
         print("pg_stat_statements: nothing recorded")
         return
@@ -59,7 +65,7 @@ def report(url: str, top: int, wall_s: float, rows_written: int) -> None:
         f"({total_ms / 1000 * per_k:.2f} s per 1,000 results written), top {top}:"
     )
     print(f"  {'calls':>8} {'ms/call':>8} {'cores':>6} {'s/1k res':>8} {'rows/call':>9}  statement")
-    for query, calls, total, n, _blocks in rows[:top]:
+    for query, calls, total, n in rows[:top]:
         text = _SPACE.sub(" ", query).strip()[:150]
         print(
             f"  {calls:8,} {total / max(calls, 1):8.2f} {total / 1000 / wall_s:6.3f} "
