@@ -76,6 +76,7 @@ from urllib.parse import urlsplit, urlunsplit
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import load_statements  # noqa: E402
 from bench.load_pages import Pages  # noqa: E402
 from bench.load_procs import Proc, _cpu, _free_port, _renice, _rss, _servers, _tree, _used  # noqa: E402
 from bench.load_report import Setup, Window, report  # noqa: E402
@@ -492,6 +493,7 @@ def _measure(
             timeout=10,
         ).close()
     SIM_WATCH.start()
+    statements = ns.pg_statements > 0 and load_statements.start(setup.env["DATABASE_URL"])
     cpu0 = {name: _cpu(ps) for name, ps in trees().items()}
     start = datetime.now(UTC)
     t0 = time.monotonic()
@@ -501,6 +503,7 @@ def _measure(
     comps = trees()
     cpu = {name: _used(cpu0[name], _cpu(ps)) / wall for name, ps in comps.items()}
     rss = {name: _rss(ps) for name, ps in comps.items()}
+    statement_rows = load_statements.read(setup.env["DATABASE_URL"]) if statements else []
     pages.stop.set()
     pages.join()
     SIM_WATCH.stop.set()
@@ -514,6 +517,8 @@ def _measure(
     counts, swept = _close_window(ns, setup, start, end)
     window = _read_window(start, end, wall, cpu, rss, counts, swept, phases)
     window.durations, window.skipped = _task_durations(procs)
+    if statements:
+        load_statements.report(statement_rows, ns.pg_statements, wall, window.written)
     return window
 
 
@@ -737,6 +742,13 @@ def main() -> None:
         help="the simulator's CPU priority (each worker's session; root): it stands for "
         "providers on other machines, so it takes the CPU before the deployment's processes; "
         "at 0 on a busy 2-core machine its workers fell minutes behind accepting connections",
+    )
+    parser.add_argument(
+        "--pg-statements",
+        type=int,
+        default=0,
+        help="print PostgreSQL's N costliest statements of the window (pg_stat_statements: a "
+        "server given with DATABASE_URL that preloads it; the embedded one does not)",
     )
     sys.exit(run(parser.parse_args()))
 

@@ -106,6 +106,22 @@ def _renice(pids: list[int], nice: int) -> None:
             f.write(str(nice))
 
 
+def _postmaster(url: str) -> int | None:
+    """The process id of the PostgreSQL server at `url` when it runs on this machine: the
+    parent of the backend serving a connection to it."""
+    import psutil
+    import psycopg
+
+    if not url:
+        return None
+    with contextlib.suppress(psycopg.Error, psutil.Error), psycopg.connect(url) as conn:
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+        if row is not None:
+            parent = psutil.Process(int(row[0])).parent()
+            return parent.pid if parent is not None else None
+    return None
+
+
 def _servers(env: dict[str, str]) -> dict[str, list[int]]:
     """PostgreSQL and Redis process ids (the embedded ones, or any on this machine)."""
     import psutil
@@ -115,6 +131,8 @@ def _servers(env: dict[str, str]) -> dict[str, list[int]]:
     pidfile = var / "postgres" / "postmaster.pid"
     if pidfile.exists():
         found["postgres"].append(int(pidfile.read_text().split()[0]))
+    elif postmaster := _postmaster(env.get("DATABASE_URL", "")):
+        found["postgres"].append(postmaster)  # a server given with DATABASE_URL, on this machine
     for p in psutil.process_iter(["name", "cwd", "cmdline"]):
         with contextlib.suppress(Exception):
             if "redis-server" in (p.info["name"] or "") and str(var) in " ".join(

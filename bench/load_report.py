@@ -156,9 +156,12 @@ def _report_probes(ns: argparse.Namespace, setup: Setup, w: Window) -> None:
         )
     combos = setup.world.combinations
     print(f"  rows written: {w.written / w.wall:,.1f} /s (due: {combos / ns.interval:,.1f} /s)")
-    print(f"  {'component':18} {'CPU (cores)':>11} {'RSS (MiB)':>10}")
+    # CPU seconds per 1,000 results written: the cost per probe, comparable across runs whose
+    # machines let them write more or fewer results.
+    per_k_rows = 1000 * w.wall / w.written if w.written else float("nan")
+    print(f"  {'component':18} {'CPU (cores)':>11} {'s/1k results':>12} {'RSS (MiB)':>10}")
     for name in cpu:
-        print(f"  {name:18} {cpu[name]:11.2f} {rss[name]:10.0f}")
+        print(f"  {name:18} {cpu[name]:11.2f} {cpu[name] * per_k_rows:12.2f} {rss[name]:10.0f}")
 
 
 def _report_pages(idle: Pages, pages: Pages, urls: list[tuple[str, str]]) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery, bootsteps
-from celery.signals import celeryd_init, worker_init
+from celery.signals import celeryd_init, task_postrun, task_prerun, worker_init
 from celery.worker.consumer import Consumer
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "monitor.settings")
@@ -87,6 +87,22 @@ class _ExitAfterUnrecoverable(logging.Handler):
         timer = threading.Timer(UNRECOVERABLE_EXIT_S, os._exit, args=(70,))
         timer.daemon = True
         timer.start()
+
+
+@task_prerun.connect
+@task_postrun.connect
+def _close_old_connections(sender: Any = None, **_: Any) -> None:
+    """A task's database connections live as a web request's do: closed around each task only
+    when past CONN_MAX_AGE, or unusable after an error (CONN_HEALTH_CHECKS), as Django does at
+    every request (settings' CELERY_DB_REUSE_MAX says why Celery's own closing is off). A
+    database that restarted costs the task that met it one retry (monitor.tasks), not every
+    task after it. A task run eagerly (in its caller, maybe inside its transaction) is left
+    alone, as Celery's fixup leaves it."""
+    from django.db import close_old_connections
+
+    if getattr(getattr(sender, "request", None), "is_eager", False):
+        return
+    close_old_connections()
 
 
 @worker_init.connect

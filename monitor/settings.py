@@ -383,6 +383,14 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Celery's Django fixup closes every database connection before and after each task unless
+# this is set; it then closes them only every this many tasks. Each ingest message, tick and
+# rebuild paid a new PostgreSQL backend for it (its process, its catalog caches cold, ingest's
+# temporary table made and dropped again): 7 new sessions a second at bench-load's 1x
+# (bench/RESULTS.md). Connections now live as in the web, by CONN_MAX_AGE and
+# CONN_HEALTH_CHECKS (monitor.celery closes the old or broken ones around each task); the
+# fixup's own count is only a backstop.
+CELERY_DB_REUSE_MAX = 100_000
 # Reconnects to a lost broker at most 3 s apart (kombu's default grows to 30 s).
 CELERY_WORKER_CONSUMER = "monitor.celery:BoundedRetryConsumer"
 # Nothing sends a region worker remote-control commands (its state is its beacon,

@@ -74,14 +74,18 @@ def race_cost_estimate(
 def due_races(now: datetime, committed: dict[int, Decimal]) -> list[tuple[Task, Region, datetime]]:
     """Races due now. `committed` (spent plus in flight per task) grows by each race's
     estimated cost as it is taken: a race that would pass the task's cap is not run."""
-    tasks = Task.objects.filter(is_active=True, race_interval_s__isnull=False).prefetch_related(
-        "routes__provider", "regions"
+    tasks = list(
+        Task.objects.filter(is_active=True, race_interval_s__isnull=False).prefetch_related(
+            "routes__provider", "regions"
+        )
     )
     latest = {
         (r["task_id"], r["region_id"]): r["last"]
         for r in RaceRun.objects.values("task_id", "region_id").annotate(last=Max("slot_at"))
     }
-    usage = spend.measured_usage(now)
+    usage = (
+        spend.measured_usage(now) if any(t.monthly_spend_cap_usd is not None for t in tasks) else {}
+    )
     due = []
     for task in tasks:
         interval = task.race_interval_s
@@ -89,7 +93,11 @@ def due_races(now: datetime, committed: dict[int, Decimal]) -> list[tuple[Task, 
         routes = _racing_routes(task)
         if len(routes) < 2:
             continue  # a race needs two lanes
-        cost = race_cost_estimate(task, routes, usage)
+        cost = (
+            Decimal("0")
+            if task.monthly_spend_cap_usd is None
+            else race_cost_estimate(task, routes, usage)
+        )
         for region in task.regions.all():
             if not region.is_active:
                 continue

@@ -94,7 +94,10 @@ def due_slots(now: datetime, committed: dict[int, Decimal] | None = None) -> lis
         "routes__provider", "regions", "steps"
     )
     latest = latest_slots()
-    usage = spend.measured_usage(now)
+    # Costs matter only to a task with a cap: without one, no usage is read at all.
+    usage = (
+        spend.measured_usage(now) if any(t.monthly_spend_cap_usd is not None for t in tasks) else {}
+    )
     slots: list[Slot] = []
     for task in tasks:
         cap = task.monthly_spend_cap_usd
@@ -104,7 +107,7 @@ def due_slots(now: datetime, committed: dict[int, Decimal] | None = None) -> lis
                 break
             if not (route.is_active and route.provider.is_active):
                 continue
-            cost = spend.probe_estimate_usd(task, route, usage)
+            cost = Decimal("0") if cap is None else spend.probe_estimate_usd(task, route, usage)
             if spend_capped(task, route, committed.get(task.pk, Decimal("0")), usage):
                 continue
             for region in task.regions.all():
@@ -166,7 +169,11 @@ def plan(now: datetime | None = None) -> list[Dispatch]:
     then one message per race. monitor.tasks sends them (this module never touches the
     broker), so a slot claimed here is sent by the tick that claimed it, or by nobody."""
     now = now or timezone.now()
-    committed = spend.committed_by_task(now)
+    # What is spent and in flight is read only when a task has a cap to check it against:
+    # the month's rollups, the open slots and the recent usage, three reads a tick, 0.03
+    # cores at bench-load's 1x for no slot (bench/RESULTS.md).
+    capped = Task.objects.filter(is_active=True, monthly_spend_cap_usd__isnull=False).exists()
+    committed = spend.committed_by_task(now) if capped else {}
     with transaction.atomic():
         claimed = claim(due_slots(now, committed))
         # Too late to make their deadline (the scheduler was down): recorded missed at once,

@@ -189,3 +189,30 @@ def test_reasoning_routes_get_room_to_reason_on_top_of_the_answer_bound(db: None
     # Anthropic counts thinking within max_tokens, which must exceed the budget; OpenAI
     # reasoning models count hidden reasoning within max_completion_tokens.
     assert sent == {"chat": 300, "gpt-5.5": 300 + 25_000, "claude": 300 + 2048}
+
+
+def _spend_reads(world, now: datetime) -> list[str]:
+    """The statements a tick's plan ran that read rollups or open slots' costs."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as queries:
+        dispatches = scheduling.plan(now)
+    assert dispatches, "the tick sent nothing"
+    return [
+        q["sql"]
+        for q in queries.captured_queries
+        if "monitor_rollup" in q["sql"] or "COUNT(" in q["sql"].upper()
+    ]
+
+
+def test_a_tick_reads_no_spend_when_no_task_has_a_cap(world) -> None:
+    """Spent, in-flight and recent usage are read only to check a cap: three reads a tick over
+    the month's rollups and every open slot, for nothing, when no task has one."""
+    task, routes, regions = world
+    ingest.ingest([f.payload(task, routes[0], regions[0], NOW - timedelta(minutes=5))])
+    assert _spend_reads(world, NOW) == []
+
+    task.monthly_spend_cap_usd = Decimal("100")
+    task.save()
+    assert _spend_reads(world, NOW + timedelta(minutes=1))  # the cap is checked

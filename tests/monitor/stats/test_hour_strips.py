@@ -210,3 +210,38 @@ def test_two_ingest_workers_writing_the_same_strips_never_deadlock() -> None:
     with connection.cursor() as cursor:
         cursor.execute("SELECT rw_hour_strips_rebuild()")
     assert _strips() == kept
+
+
+def _strip_writes() -> int:
+    """Rows this transaction inserted or updated in monitor_hourstrip so far."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_stat_get_xact_tuples_inserted(c.oid) + pg_stat_get_xact_tuples_updated(c.oid)"
+            " FROM pg_class AS c WHERE c.relname = 'monitor_hourstrip'"
+        )
+        return int(cursor.fetchone()[0])
+
+
+@pytest.mark.django_db
+def test_a_result_that_moves_no_percentile_leaves_its_strips_unwritten() -> None:
+    """Ingest rewrites an hour's strip only when the hour's chart point changed: an error adds
+    no sample, and a sample in the bucket the percentiles already sit in moves none of them.
+    A sample that moves one rewrites both strips (the region's and all regions')."""
+    task, fast, _slow, eu, _us = _world()
+    at = T0 + timedelta(minutes=1)
+    ingest.ingest([f.payload(task, fast, eu, at + timedelta(minutes=m)) for m in range(6)])
+    point = _strips()[(task.pk, fast.pk, eu.pk, T0.replace(hour=0))][T0.hour]
+    before = _strip_writes()
+
+    ingest.ingest([f.payload(task, fast, eu, at + timedelta(minutes=10), outcome="error")])
+    ingest.ingest([f.payload(task, fast, eu, at + timedelta(minutes=11))])  # the same values
+    assert _strip_writes() == before
+    assert _strips()[(task.pk, fast.pk, eu.pk, T0.replace(hour=0))][T0.hour] == point
+
+    ingest.ingest([f.payload(task, fast, eu, at + timedelta(minutes=m + 20), ttft_ms=9000.0)
+                   for m in range(10)])  # fmt: skip
+    assert _strip_writes() == before + 2
+    moved = _strips()[(task.pk, fast.pk, eu.pk, T0.replace(hour=0))][T0.hour]
+    assert moved != point
+    row = Rollup.objects.get(grain=GRAIN_HOUR, bucket_start=T0, route=fast, region=eu)
+    assert moved == pytest.approx(_expected_point(row), abs=1e-9)
