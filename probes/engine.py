@@ -68,16 +68,15 @@ from probes.model import (
 )
 from probes.model import ERROR as OUTCOME_ERROR
 from probes.redact import redact
+from probes.request import build_request, send
 from probes.transport import (
     HTTPCORE_ERRORS,
     Phases,
     arrival_clock,
     body_chunks,
     body_pump,
-    build_request,
     current,
     make_client,
-    send,
     warm_clients,
 )
 

@@ -1,4 +1,4 @@
-"""The probe's request goes straight to its client's transport (probes.transport.build_request
+"""The probe's request goes straight to its client's transport (probes.request.build_request
 and send), not through httpx2's client layers: what goes out and what is kept are httpx2's."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ import asyncio
 import base64
 
 from probes import Measurement, ProbeSpec, probe
-from probes.transport import build_request, make_client, warm_clients
+from probes.request import build_request
+from probes.transport import make_client, warm_clients
 from tests.probes.loopback import LoopbackServer, Received, Reply, sse
 
 STREAM = [
