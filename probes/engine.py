@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import gzip
 import itertools
 import json
@@ -69,6 +68,7 @@ from probes.model import (
 )
 from probes.model import ERROR as OUTCOME_ERROR
 from probes.redact import redact
+from probes.request import build_request, send
 from probes.transport import (
     HTTPCORE_ERRORS,
     Phases,
@@ -136,14 +136,6 @@ def _prepare(spec: ProbeSpec, fmt: WireFormat, stream_options: bool) -> _Prepare
     url = fmt.url(spec)
     fmt.sign(spec, url, headers, body)  # last: a signature covers the request as sent
     return _Prepared(url, headers, body, obj)
-
-
-@functools.lru_cache(maxsize=1024)
-def _parsed_url(url: str) -> httpx2.URL:
-    """A route's URL parsed once, not per probe: httpx2 parses a str on every request (a few
-    percent of the engine's CPU at 200 streams). httpx2.URL is immutable; an invalid URL
-    raises httpx2.InvalidURL here, in the attempt, as before, and is not cached."""
-    return httpx2.URL(url)
 
 
 def _ms(start: float | None, end: float | None) -> float | None:
@@ -255,19 +247,15 @@ async def _attempt(
     response: httpx2.Response | None = None
     state = _StreamState(t0=0.0)
     try:
-        request = client.build_request(
-            "POST",
-            _parsed_url(prepared.url),
-            headers=prepared.headers,
-            content=prepared.body,
-            extensions={"trace": phases.trace},
+        outgoing = build_request(
+            client, prepared.url, prepared.headers, prepared.body, phases.trace
         )
         t0 = time.perf_counter()
         result.t0_perf = phases.started = state.t0 = t0
         deadline_total = t0 + spec.total_timeout_s
         deadline_first = t0 + min(spec.first_token_timeout_s, spec.total_timeout_s)
         async with asyncio.timeout_at(_loop_time(deadline_first)) as scope:
-            response = await client.send(request, stream=True)
+            response = await send(client, outgoing)
             # Every stamp from here on is when the bytes arrived (the kernel's receive time where
             # it gives one), not when the parsers got to them.
             arrived_at = arrival_clock(response)

@@ -41,7 +41,14 @@ import httpx2
 from probes.errors import BlockedAddress, ResolutionError
 from probes.netstream import AsyncioBackend, AsyncioStream, write_done
 
-__all__ = ["BlockedAddress", "ClientPool", "Phases", "ResolutionError", "make_client"]
+__all__ = [
+    "BlockedAddress",
+    "ClientPool",
+    "Phases",
+    "ProbeClient",
+    "ResolutionError",
+    "make_client",
+]
 
 
 @dataclass
@@ -283,6 +290,10 @@ class ProbeTransport(httpx2.AsyncBaseTransport):
             content=request.stream,
             extensions=request.extensions,
         )
+        return await self.send_core(core_request)
+
+    async def send_core(self, core_request: httpcore2.Request) -> httpx2.Response:
+        """An httpcore2 request through the pool, answered as an httpx2 response."""
         try:
             core = await self.pool.handle_async_request(core_request)
         except Exception as exc:
@@ -464,14 +475,11 @@ class _HTTP11(httpcore2.AsyncHTTP11Connection):
         data = h11_state.trailing_data[0]
         chunked = True
         while data:  # what h11 holds: as in _receive_response_body
-            _, rest = body.feed(data)
-            if rest is not None or body.failure is not None:
-                chunked = False
-                break
-            held = _h11_data(h11_state)
+            held, reads_on = _h11_step(h11_state, body, data)
             if held:
                 consume(held, stream.arrived_at())
-            if body.at_boundary():
+            if reads_on is not None:
+                chunked = reads_on
                 break
             data = await stream.read(self.READ_NUM_BYTES)
             h11_state.receive_data(data)
@@ -506,14 +514,11 @@ class _HTTP11(httpcore2.AsyncHTTP11Connection):
         # after it until one ends with a whole chunk: ChunkedBody follows along only to tell
         # where that is. From there on, ChunkedBody reads.
         while chunked and data:
-            _, rest = body.feed(data)
-            if rest is not None or body.failure is not None:
-                chunked = False  # h11 holds the end of the body, or an error: it reads on
-                break
-            held = _h11_data(h11_state)
+            held, reads_on = _h11_step(h11_state, body, data)
             if held:
                 yield held
-            if body.at_boundary():
+            if reads_on is not None:
+                chunked = reads_on
                 break
             data = await stream.read(self.READ_NUM_BYTES, timeout=timeout)
             h11_state.receive_data(data)
@@ -532,6 +537,17 @@ class _HTTP11(httpcore2.AsyncHTTP11Connection):
                 break
         async for chunk in super()._receive_response_body(request):
             yield chunk
+
+
+def _h11_step(conn: h11.Connection, body: ChunkedBody, data: bytes) -> tuple[bytes, bool | None]:
+    """One read h11 holds (`data`, given to h11 already), before ChunkedBody takes over:
+    ChunkedBody follows along only to tell where a read ends with a whole chunk. (The body data
+    h11 gives for it, whether ChunkedBody reads from the next read on: True at a whole chunk,
+    False if h11 holds the end of the body or an error and reads on, None to read again.)"""
+    _, rest = body.feed(data)
+    if rest is not None or body.failure is not None:
+        return b"", False
+    return _h11_data(conn), (True if body.at_boundary() else None)
 
 
 def _h11_data(conn: h11.Connection) -> bytes:
@@ -651,8 +667,17 @@ def make_client(
         http2=http2,
         network_backend=TimedBackend(),
     )
-    # No httpx2 timeouts: the engine bounds every phase itself with one deadline.
-    return httpx2.AsyncClient(transport=ProbeTransport(pool), timeout=None, follow_redirects=False)
+    return ProbeClient(ProbeTransport(pool))
+
+
+class ProbeClient(httpx2.AsyncClient):
+    """make_client's client: httpx2's, no timeouts (the engine bounds every phase itself with
+    one deadline), no redirects followed, its headers httpx2's defaults, and its transport at
+    hand for send()."""
+
+    def __init__(self, transport: ProbeTransport) -> None:
+        super().__init__(transport=transport, timeout=None, follow_redirects=False)
+        self.probe_transport = transport
 
 
 class ClientPool:

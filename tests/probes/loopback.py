@@ -31,6 +31,7 @@ class Received:
     target: str
     headers: dict[str, str]
     body: bytes
+    head: list[tuple[str, str]] = field(default_factory=list)  # the headers as sent, in order
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -143,7 +144,10 @@ class LoopbackServer:
             elif isinstance(event, h11.EndOfMessage):
                 assert head is not None
                 headers = {k.decode().lower(): v.decode() for k, v in head.headers}
-                return Received(head.method.decode(), head.target.decode(), headers, bytes(body))
+                raw = [(k.decode(), v.decode()) for k, v in head.headers.raw_items()]
+                return Received(
+                    head.method.decode(), head.target.decode(), headers, bytes(body), raw
+                )
             elif isinstance(event, h11.ConnectionClosed):
                 return None
 
