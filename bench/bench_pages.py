@@ -3,17 +3,33 @@
     make bench-pages                          # the year: 15.8M raw rows (loads once, slowly)
     make bench-pages ARGS="--days 30"         # a month (1.3M rows), database routewatch_pages_30d
     make bench-pages ARGS="--days 30 --reload"
+    make bench-pages ARGS="--days 30 --against /path/to/a/worktree/of/the/before/commit"
 
 Loads with bench/bench_scale.py's loader (imported, not copied) into a database of its own per
 size (routewatch_pages_365d for the year), loaded once and reused by later runs. Server
 time is one request through the whole Django stack (middleware, session, view, template) with
-Django's test client, repeated; p50 and p95 per page. Target: p95 <= 100 ms on the year.
-The read API (/api/v1/, with an API token) is timed the same way; its route answer's target is
-p95 <= 20 ms (issue 14).
-Baseline, in the same run: the naive reads of the same figures from raw rows
+Django's test client, in a reading process that loads the application as a web worker does
+(monitor.wsgi). Target: p95 <= 100 ms on the year. The read API (/api/v1/, with an API token)
+is timed the same way; its route answer's target is p95 <= 20 ms (issue 14).
+
+How a page is read: --rounds rounds (10) over every page; in each, a page gets one untimed
+read (caches warm, an ETag to revalidate) and then its timed reads: about --budget-ms (400 ms)
+of them, at least --min-reads (2) and at most --max-reads (40), counted once from a first,
+uncounted round, so a 10 ms read is timed 400 times a run and a 2 s one 20 times. p50 and
+p95 are over all of a page's timed reads pooled; a p95 of 20 reads was its one or two slowest,
+which moved by a third between runs of one commit on 10-30 ms reads.
+--against WORKTREE: a second reading process runs that worktree's code (the before) on the
+same database, and the two read page by page in turn, which one first alternating by page and
+by round, so both see the same machine (load, caches, other people's runs) at the same time.
+The report is a table of both sides' p50 / p95, the changes, and the p95 change over each half
+of the rounds alone: how far the figure moves within one run (its noise) beside the change.
+--save FILE keeps every read; --show FILE prints that report again.
+Beside each page: the reading thread's CPU (time.thread_time) and the collector's full passes
+during its reads. The overview's snapshot does not expire during a run
+(DASHBOARD_REFRESH_SECONDS=3600 in the reading processes): "overview, snapshot rebuilt" is the
+request that finds it gone and rebuilds it (beat down, or a configuration change), every read.
+Baseline (one side only, after the rounds): the naive reads of the same figures from raw rows
 (percentile_cont over probe results, an unbounded ORDER BY for the log); ratio = naive / page p50.
-The overview is read from its snapshot (monitor.answer.board); "overview, snapshot rebuilt" is the
-request that finds it expired and rebuilds it (beat down, or a configuration change).
 """
 
 from __future__ import annotations
@@ -483,7 +499,7 @@ def main() -> None:
     parser.add_argument("--reload", action="store_true", help="drop and reload the data set")
     parser.add_argument("--rounds", type=int, default=10, help="rounds over every page")
     parser.add_argument(
-        "--repeat", type=int, default=2, help="timed reads of a page per round, at least"
+        "--min-reads", type=int, default=2, help="timed reads of a page per round, at least"
     )
     parser.add_argument(
         "--budget-ms",
@@ -559,7 +575,7 @@ def main() -> None:
     reads = []
     for i in range(len(names)):
         slowest = max(statistics.median(side.read(i, 1, keep=False)) for side in sides)
-        reads.append(min(ns.max_reads, max(ns.repeat, math.ceil(ns.budget_ms / slowest))))
+        reads.append(min(ns.max_reads, max(ns.min_reads, math.ceil(ns.budget_ms / slowest))))
     for r in range(ns.rounds):
         for i in range(len(names)):
             for side in sides if (r + i) % 2 == 0 else sides[::-1]:
