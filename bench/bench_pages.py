@@ -19,8 +19,8 @@ uncounted round, so a 10 ms read is timed 400 times a run and a 2 s one 20 times
 p95 are over all of a page's timed reads pooled; a p95 of 20 reads was its one or two slowest,
 which moved by a third between runs of one commit on 10-30 ms reads.
 --against WORKTREE: a second reading process runs that worktree's code (the before) on the
-same database, and the two read page by page in turn, which one first alternating by page and
-by round, so both see the same machine (load, caches, other people's runs) at the same time.
+same database, and for each page the two read in turn, read by read (which one reads first
+alternating), so a burst of other work on the machine lands on both sides alike.
 The report is a table of both sides' p50 / p95, the changes, and the p95 change over each half
 of the rounds alone: how far the figure moves within one run (its noise) beside the change.
 --save FILE keeps every read; --show FILE prints that report again.
@@ -127,13 +127,14 @@ class FullCollections:
         gc.callbacks.remove(self)
 
 
-def _timed_reads(fn: Callable[[], object], n: int) -> dict[str, list[float]]:
+def _timed_reads(fn: Callable[[], object], n: int, warm: bool = True) -> dict[str, list[float]]:
     """Server time and the reading thread's own CPU time (ms) of each of `n` reads, after one
     untimed read (caches warm; an ETag to revalidate; the overview's snapshot this process's
     own, whichever process wrote it last), and the full collections that ran during the reads
     (ms each). The CPU is what a read costs on a busy machine: the rest of its server time is
-    its queries and its waits for a CPU."""
-    fn()
+    its queries and its waits for a CPU. `warm` False: no untimed read first."""
+    if warm:
+        fn()
     times, cpu = [], []
     with FullCollections() as full:
         for _ in range(n):
@@ -330,7 +331,8 @@ def serve(at: str) -> None:
         for line in sys.stdin:
             command = json.loads(line)
             if command["op"] == "read":
-                send(_timed_reads(pages[command["page"]][1], command["n"]))
+                fn = pages[command["page"]][1]
+                send(_timed_reads(fn, command["n"], command.get("warm", True)))
             elif command["op"] == "naive":
                 naive = pages[command["page"]][2]
                 send({"ms": bench_scale._timeit(naive, command["n"]) if naive else []})
@@ -378,10 +380,16 @@ class Side:
         answer: dict[str, Any] = json.loads(line)
         return answer
 
+    def batch(self, page: int) -> None:
+        """A round's reads of the page start: one untimed read (caches, ETag, snapshot)."""
+        self.ask({"op": "read", "page": page, "n": 0})
+        self.ms.setdefault(page, []).append([])
+
     def read(self, page: int, n: int, *, keep: bool = True) -> list[float]:
-        got = self.ask({"op": "read", "page": page, "n": n})
+        """`n` timed reads of the page, counted in its current batch unless not `keep`."""
+        got = self.ask({"op": "read", "page": page, "n": n, "warm": not keep})
         if keep:
-            self.ms.setdefault(page, []).append(got["ms"])
+            self.ms[page][-1].extend(got["ms"])
             self.cpu.setdefault(page, []).extend(got["cpu"])
             self.gc.setdefault(page, []).extend(got["gc"])
         ms: list[float] = got["ms"]
@@ -465,7 +473,7 @@ def report(
     half = slice(0, rounds // 2), slice(rounds // 2, rounds)
     print(
         f"before = {before.code}, after = {after.code}: {rounds} rounds, each reading every page"
-        " on both sides in turn (which side reads first alternates by page and by round)."
+        " on both sides in turn, read by read (which side reads first alternates)."
         "\nhalves = the p95 change over the first and over the second half of the rounds alone:"
         " how far the figure moves on this machine within one run."
     )
@@ -576,10 +584,14 @@ def main() -> None:
     for i in range(len(names)):
         slowest = max(statistics.median(side.read(i, 1, keep=False)) for side in sides)
         reads.append(min(ns.max_reads, max(ns.min_reads, math.ceil(ns.budget_ms / slowest))))
+    # Read by read in turn: a burst of other work on the machine lands on both sides alike.
     for r in range(ns.rounds):
         for i in range(len(names)):
-            for side in sides if (r + i) % 2 == 0 else sides[::-1]:
-                side.read(i, reads[i])
+            for side in sides:
+                side.batch(i)
+            for k in range(reads[i]):
+                for side in sides if (r + i + k) % 2 == 0 else sides[::-1]:
+                    side.read(i, 1)
         print(
             f"round {r + 1}/{ns.rounds} done; load average {os.getloadavg()[0]:.2f}",
             flush=True,
