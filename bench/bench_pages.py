@@ -3,17 +3,33 @@
     make bench-pages                          # the year: 15.8M raw rows (loads once, slowly)
     make bench-pages ARGS="--days 30"         # a month (1.3M rows), database routewatch_pages_30d
     make bench-pages ARGS="--days 30 --reload"
+    make bench-pages ARGS="--days 30 --against /path/to/a/worktree/of/the/before/commit"
 
 Loads with bench/bench_scale.py's loader (imported, not copied) into a database of its own per
 size (routewatch_pages_365d for the year), loaded once and reused by later runs. Server
 time is one request through the whole Django stack (middleware, session, view, template) with
-Django's test client, repeated; p50 and p95 per page. Target: p95 <= 100 ms on the year.
-The read API (/api/v1/, with an API token) is timed the same way; its route answer's target is
-p95 <= 20 ms (issue 14).
-Baseline, in the same run: the naive reads of the same figures from raw rows
+Django's test client, in a reading process that loads the application as a web worker does
+(monitor.wsgi). Target: p95 <= 100 ms on the year. The read API (/api/v1/, with an API token)
+is timed the same way; its route answer's target is p95 <= 20 ms (issue 14).
+
+How a page is read: --rounds rounds (10) over every page; in each, a page gets one untimed
+read (caches warm, an ETag to revalidate) and then its timed reads: about --budget-ms (400 ms)
+of them, at least --min-reads (2) and at most --max-reads (40), counted once from a first,
+uncounted round, so a 10 ms read is timed 400 times a run and a 2 s one 20 times. p50 and
+p95 are over all of a page's timed reads pooled; a p95 of 20 reads was its one or two slowest,
+which moved by a third between runs of one commit on 10-30 ms reads.
+--against WORKTREE: a second reading process runs that worktree's code (the before) on the
+same database, and for each page the two read in turn, read by read (which one reads first
+alternating), so a burst of other work on the machine lands on both sides alike.
+The report is a table of both sides' p50 / p95, the changes, and the p95 change over each half
+of the rounds alone: how far the figure moves within one run (its noise) beside the change.
+--save FILE keeps every read; --show FILE prints that report again.
+Beside each page: the reading thread's CPU (time.thread_time) and the collector's full passes
+during its reads. The overview's snapshot does not expire during a run
+(DASHBOARD_REFRESH_SECONDS=3600 in the reading processes): "overview, snapshot rebuilt" is the
+request that finds it gone and rebuilds it (beat down, or a configuration change), every read.
+Baseline (one side only, after the rounds): the naive reads of the same figures from raw rows
 (percentile_cont over probe results, an unbounded ORDER BY for the log); ratio = naive / page p50.
-The overview is read from its snapshot (monitor.answer.board); "overview, snapshot rebuilt" is the
-request that finds it expired and rebuilds it (beat down, or a configuration change).
 """
 
 from __future__ import annotations
@@ -21,6 +37,8 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
+import json
+import math
 import os
 import statistics
 import subprocess
@@ -32,7 +50,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+# The code a reading process loads: this worktree, or the other commit's (--against) for the
+# before side (its monitor/ and bench/ first on the path; PYTHONPATH says the same).
+CODE = Path(os.environ.get("RW_BENCH_CODE", ROOT))
+sys.path.insert(0, str(CODE))
 
 from bench import bench_scale, history  # noqa: E402
 
@@ -106,30 +127,27 @@ class FullCollections:
         gc.callbacks.remove(self)
 
 
-def _timeit_cpu(
-    fn: Callable[[], object], repeat: int
-) -> tuple[list[float], list[float], list[float]]:
-    """Server time and the reading thread's own CPU time (ms) of each of `repeat` reads, after
-    one read that warms the caches (as bench_scale._timeit), and the full collections that
-    ran during those reads (ms each). The CPU is what a read costs on a busy machine: the
-    rest of its server time is its queries and its waits for a CPU."""
-    fn()
+def _timed_reads(fn: Callable[[], object], n: int, warm: bool = True) -> dict[str, list[float]]:
+    """Server time and the reading thread's own CPU time (ms) of each of `n` reads, after one
+    untimed read (caches warm; an ETag to revalidate; the overview's snapshot this process's
+    own, whichever process wrote it last), and the full collections that ran during the reads
+    (ms each). The CPU is what a read costs on a busy machine: the rest of its server time is
+    its queries and its waits for a CPU. `warm` False: no untimed read first."""
+    if warm:
+        fn()
     times, cpu = [], []
     with FullCollections() as full:
-        for _ in range(repeat):
+        for _ in range(n):
             t0, c0 = time.perf_counter(), time.thread_time()
             fn()
             times.append((time.perf_counter() - t0) * 1000)
             cpu.append((time.thread_time() - c0) * 1000)
-    return times, cpu, full.pauses
+    return {"ms": times, "cpu": cpu, "gc": full.pauses}
 
 
-Measured = tuple[str, list[float], list[float] | None, list[float], list[float]]
-
-
-def measure(now: datetime, repeat: int) -> list[Measured]:
-    """Each page's server time and CPU time over `repeat` reads, beside the naive query it
-    replaced."""
+def readers(now: datetime) -> list[tuple[str, Callable[[], object], Callable[[], object] | None]]:
+    """(name, one read, the naive query it replaced) of every page and API answer measured,
+    with a logged-in session and an API token."""
     from django.contrib.auth.models import User
     from django.test import Client
 
@@ -145,19 +163,15 @@ def measure(now: datetime, repeat: int) -> list[Measured]:
     other = Route.objects.order_by("pk")[17]
 
     issued = tokens.issue()
-    ApiToken.objects.filter(name="bench-pages").delete()
-    ApiToken.objects.create(name="bench-pages", prefix=issued.prefix, digest=issued.digest)
+    # One token per reading process (a pair of them reads side by side).
+    name = f"bench-pages-{os.getpid()}"
+    ApiToken.objects.create(name=name, prefix=issued.prefix, digest=issued.digest)
     # A fresh client per API request: no session, only the token.
     api_client = Client(SERVER_NAME="localhost")
     api_headers = {"Authorization": f"Bearer {issued.token}"}
     get = _page_reader(client)
     api = _api_reader(api_client, api_headers)
-    out = []
-    for name, page, naive in _pages(now, task, route, other, get, api):
-        page_ms, cpu_ms, full_ms = _timeit_cpu(page, repeat)
-        naive_ms = bench_scale._timeit(naive, max(2, repeat // 10)) if naive else None
-        out.append((name, page_ms, naive_ms, cpu_ms, full_ms))
-    return out
+    return _pages(now, task, route, other, get, api)
 
 
 def _page_reader(client: Any) -> Callable[..., Callable[[], object]]:
@@ -283,12 +297,241 @@ def _pages(
     ]
 
 
+def serve(at: str) -> None:
+    """A reading process (--serve): loads the application from RW_BENCH_CODE as a web worker
+    does, then answers the driver's commands (one JSON line each on stdin) with one JSON line
+    each on its own copy of stdout (anything the application prints goes to stderr)."""
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+
+    def send(message: object) -> None:
+        out.write(json.dumps(message) + "\n")
+
+    # Pages link their static files through the manifest, as in production; this process
+    # keeps its own code's manifest in memory (loaded below) before the other side rewrites it.
+    subprocess.run(
+        [sys.executable, str(CODE / "manage.py"), "collectstatic", "--noinput", "-v0"], check=True
+    )
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "monitor.settings")
+    # The application loaded as a web worker loads it (gunicorn monitor.wsgi): its startup
+    # heap frozen out of the collector's full passes, if this code freezes it. With
+    # django.setup() alone, every full pass walked ~135,000 objects no worker's pass walks.
+    importlib.import_module("monitor.wsgi")
+    from django.contrib.staticfiles.storage import staticfiles_storage
+
+    hasattr(staticfiles_storage, "hashed_files")  # instantiates it: the manifest read now
+    import time_machine
+
+    # Pages read "now": the data set ends at its load time, so reads look back from there.
+    with time_machine.travel(datetime.fromisoformat(at), tick=True):
+        from django.utils import timezone
+
+        pages = readers(timezone.now())
+        send({"names": [name for name, *_ in pages], "code": str(CODE)})
+        for line in sys.stdin:
+            command = json.loads(line)
+            if command["op"] == "read":
+                fn = pages[command["page"]][1]
+                send(_timed_reads(fn, command["n"], command.get("warm", True)))
+            elif command["op"] == "naive":
+                naive = pages[command["page"]][2]
+                send({"ms": bench_scale._timeit(naive, command["n"]) if naive else []})
+            else:
+                send({"objects": len(gc.get_objects()), "frozen": gc.get_freeze_count()})
+                return
+
+
+class Side:
+    """One reading process, running one commit's code (its worktree on PYTHONPATH)."""
+
+    def __init__(self, label: str, code: Path, at: str) -> None:
+        self.label, self.code = label, code
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(code),
+            "RW_BENCH_CODE": str(code),
+            # The overview's snapshot does not expire during a run (beat's rebuild is not
+            # measured here): no rebuild lands at random in a read of the overview, /metrics
+            # or the API. "overview, snapshot rebuilt" measures the rebuild, every read.
+            "DASHBOARD_REFRESH_SECONDS": "3600",
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--serve", at],
+            cwd=code,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.names: list[str] = self.ask(None)["names"]
+        self.ms: dict[int, list[list[float]]] = {}  # page -> one list per round
+        self.cpu: dict[int, list[float]] = {}
+        self.gc: dict[int, list[float]] = {}
+
+    def ask(self, command: dict[str, object] | None) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        if command is not None:
+            self.proc.stdin.write(json.dumps(command) + "\n")
+            self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"{self.label}: the reading process ended ({self.proc.wait()})")
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    def batch(self, page: int) -> None:
+        """A round's reads of the page start: one untimed read (caches, ETag, snapshot)."""
+        self.ask({"op": "read", "page": page, "n": 0})
+        self.ms.setdefault(page, []).append([])
+
+    def read(self, page: int, n: int, *, keep: bool = True) -> list[float]:
+        """`n` timed reads of the page, counted in its current batch unless not `keep`."""
+        got = self.ask({"op": "read", "page": page, "n": n, "warm": not keep})
+        if keep:
+            self.ms[page][-1].extend(got["ms"])
+            self.cpu.setdefault(page, []).extend(got["cpu"])
+            self.gc.setdefault(page, []).extend(got["gc"])
+        ms: list[float] = got["ms"]
+        return ms
+
+    def pooled(self, page: int, rounds: slice = slice(None)) -> list[float]:
+        return [ms for batch in self.ms[page][rounds] for ms in batch]
+
+
+class Saved(Side):
+    """A side read back from a --save file (page keys are strings in JSON)."""
+
+    def __init__(
+        self,
+        label: str,
+        code: str,
+        names: list[str],
+        ms: dict[str, list[list[float]]],
+        cpu: dict[str, list[float]],
+        gc: dict[str, list[float]],
+    ) -> None:
+        self.label, self.code, self.names = label, Path(code), names
+        self.ms = {int(k): v for k, v in ms.items()}
+        self.cpu = {int(k): v for k, v in cpu.items()}
+        self.gc = {int(k): v for k, v in gc.items()}
+
+
+def _change(after: float, before: float) -> str:
+    return f"{(after / before - 1) * 100:+.0f}%"
+
+
+def _fmt(ms: float) -> str:
+    return f"{ms:,.0f}" if ms >= 100 else f"{ms:.1f}"
+
+
+def report(
+    sides: list[Side] | list[Saved], rounds: int, reads: list[int], naive: dict[int, list[float]]
+) -> None:
+    p = bench_scale._p
+    print("load average (1, 5, 15 min) " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+    print(
+        "p50, p95 = of every timed read of the page, all rounds pooled (n = rounds x reads);"
+        " cpu = the reading thread's CPU time (time.thread_time); full gc = the collector's"
+        " full passes during the page's reads: how many, their total"
+    )
+    if len(sides) == 1:
+        (side,) = sides
+        print(
+            f"\n{'page (server time)':36} {'n':>4} {'p50':>8} {'p95':>8} {'cpu p50':>8}"
+            f" {'cpu p95':>8} {'naive raw':>10} {'ratio':>7} {'full gc':>12}"
+        )
+        worst = 0.0
+        for i, name in enumerate(side.names):
+            ms = side.pooled(i)
+            p50, p95 = statistics.median(ms), p(ms, 0.95)
+            if name != BACKTEST:
+                worst = max(worst, p95)
+            base = statistics.median(naive[i]) if naive.get(i) else None
+            naive_text = f"{base:8.0f}ms" if base is not None else f"{'—':>10}"
+            ratio = f"{base / p50:6.0f}x" if base is not None else f"{'—':>7}"
+            target = (
+                TARGET_API_P95_MS
+                if name.startswith(API_ROUTE)
+                else TARGET_BACKTEST_P95_MS
+                if name == BACKTEST
+                else TARGET_P95_MS
+            )
+            flag = "ok" if p95 <= target else f"OVER {target:.0f} ms"
+            cpu = side.cpu[i]
+            pauses = side.gc[i]
+            full_text = f"{len(pauses)} / {sum(pauses):.0f}ms" if pauses else "0"
+            print(
+                f"{name:36} {len(ms):4} {p50:6.1f}ms {p95:6.1f}ms {statistics.median(cpu):6.1f}ms"
+                f" {p(cpu, 0.95):6.1f}ms {naive_text} {ratio} {full_text:>12}  {flag}"
+            )
+        print(f"\nslowest page p95: {worst:.1f} ms (target {TARGET_P95_MS:.0f} ms)")
+        api = side.pooled(side.names.index(API_ROUTE))
+        print(f"API route answer p95: {p(api, 0.95):.1f} ms (target {TARGET_API_P95_MS:.0f} ms)")
+        return
+    before, after = sides
+    half = slice(0, rounds // 2), slice(rounds // 2, rounds)
+    print(
+        f"before = {before.code}, after = {after.code}: {rounds} rounds, each reading every page"
+        " on both sides in turn, read by read (which side reads first alternates)."
+        "\nhalves = the p95 change over the first and over the second half of the rounds alone:"
+        " how far the figure moves on this machine within one run."
+    )
+    print(
+        "\n| page | reads | before p50 / p95 (ms) | after p50 / p95 (ms) | p50 change |"
+        " p95 change (halves) | CPU p50 change | full gc before / after |"
+        "\n| --- | --- | --- | --- | --- | --- | --- | --- |"
+    )
+    for i, name in enumerate(before.names):
+        b, a = before.pooled(i), after.pooled(i)
+        halves = ", ".join(
+            _change(p(after.pooled(i, h), 0.95), p(before.pooled(i, h), 0.95)) for h in half
+        )
+        full = " / ".join(
+            f"{len(s.gc[i])} ({sum(s.gc[i]):.0f} ms)" if s.gc[i] else "0" for s in sides
+        )
+        print(
+            f"| {name} | {len(a)} ({rounds} x {reads[i]}) |"
+            f" {_fmt(statistics.median(b))} / {_fmt(p(b, 0.95))} |"
+            f" {_fmt(statistics.median(a))} / {_fmt(p(a, 0.95))} |"
+            f" {_change(statistics.median(a), statistics.median(b))} |"
+            f" {_change(p(a, 0.95), p(b, 0.95))} ({halves}) |"
+            f" {_change(statistics.median(after.cpu[i]), statistics.median(before.cpu[i]))} |"
+            f" {full} |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--days", type=int, default=bench_scale.DAYS, help="365 = the 15.8M target")
     parser.add_argument("--reload", action="store_true", help="drop and reload the data set")
-    parser.add_argument("--repeat", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=10, help="rounds over every page")
+    parser.add_argument(
+        "--min-reads", type=int, default=2, help="timed reads of a page per round, at least"
+    )
+    parser.add_argument(
+        "--budget-ms",
+        type=float,
+        default=400.0,
+        help="more reads a round for short pages: about this long a page, up to --max-reads",
+    )
+    parser.add_argument("--max-reads", type=int, default=40)
+    parser.add_argument(
+        "--against",
+        type=Path,
+        help="another commit's worktree (the before): read side by side with this one",
+    )
+    parser.add_argument("--save", type=Path, help="also write every read's times here (JSON)")
+    parser.add_argument("--show", type=Path, help="report a --save file again, reading nothing")
+    parser.add_argument("--serve", metavar="AT", help=argparse.SUPPRESS)
     ns = parser.parse_args()
+    if ns.serve:
+        serve(ns.serve)
+        return
+    if ns.show:
+        saved = json.loads(ns.show.read_text())
+        report([Saved(**side) for side in saved["sides"]], saved["rounds"], saved["reads"], {})
+        return
     # A database of its own per size: never mistaken for another size, and never clobbering
     # (or clobbered by) a `make bench-scale` run in routewatch_bench.
     bench_scale.BENCH_DB = f"routewatch_pages_{ns.days}d"
@@ -299,18 +542,13 @@ def main() -> None:
     subprocess.run(
         [sys.executable, str(ROOT / "manage.py"), "migrate", "--noinput", "-v0"], check=True
     )
-    # Pages link their static files through the manifest, as in production.
-    subprocess.run(
-        [sys.executable, str(ROOT / "manage.py"), "collectstatic", "--noinput", "-v0"], check=True
-    )
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "monitor.settings")
-    # The application loaded as a web worker loads it (gunicorn monitor.wsgi): its startup
-    # heap frozen out of the collector's full passes. With django.setup() alone, every full
-    # pass walked ~135,000 objects no worker's pass walks (140-250 ms in a read).
-    importlib.import_module("monitor.wsgi")
+    import django
+
+    django.setup()
     from django.db import connection
 
-    from monitor.models import ProbeResult, Rollup
+    from monitor.models import ApiToken, ProbeResult, Rollup
 
     now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
     history.check_buckets()
@@ -330,52 +568,63 @@ def main() -> None:
         rows = cursor.fetchone()[0]
         cursor.execute("SELECT max(last_probe_at) FROM monitor_rollup WHERE grain = 'day'")
         latest = cursor.fetchone()[0]
-    # Pages read "now": the data set ends at its load time, so reads look back from there.
-    import time_machine
+    ApiToken.objects.filter(name__startswith="bench-pages").delete()  # earlier runs' tokens
+    connection.close()
+    at = (latest + timedelta(minutes=1)).isoformat()
+    print(f"database {bench_scale.BENCH_DB}: {rows:,} raw rows (estimate), {ns.days} days")
+    print("load average at the start " + " ".join(f"{x:.2f}" for x in os.getloadavg()), flush=True)
 
-    with time_machine.travel(latest + timedelta(minutes=1), tick=True):
-        from django.utils import timezone
-
-        results = measure(timezone.now(), ns.repeat)
-    print(f"\ndatabase {bench_scale.BENCH_DB}: {rows:,} raw rows (estimate), {ns.days} days")
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"load average {load}; cpu = the reading thread's CPU time (time.thread_time)")
-    print("full gc = the collector's full passes during the page's reads: how many, their total")
-    print(
-        f"{'page (server time)':36} {'p50':>8} {'p95':>8} {'cpu p50':>8} {'cpu p95':>8}"
-        f" {'naive raw':>10} {'ratio':>7} {'full gc':>12}"
-    )
-    worst = 0.0
-    for name, page_ms, naive_ms, cpu_ms, full_ms in results:
-        p50, p95 = statistics.median(page_ms), bench_scale._p(page_ms, 0.95)
-        if name != BACKTEST:
-            worst = max(worst, p95)
-        naive = statistics.median(naive_ms) if naive_ms else None
-        naive_text = f"{naive:8.0f}ms" if naive is not None else f"{'—':>10}"
-        ratio = f"{naive / p50:6.0f}x" if naive is not None else f"{'—':>7}"
-        target = (
-            TARGET_API_P95_MS
-            if name.startswith(API_ROUTE)
-            else TARGET_BACKTEST_P95_MS
-            if name == BACKTEST
-            else TARGET_P95_MS
-        )
-        flag = "ok" if p95 <= target else f"OVER {target:.0f} ms"
-        cpu50, cpu95 = statistics.median(cpu_ms), bench_scale._p(cpu_ms, 0.95)
-        full_text = f"{len(full_ms)} / {sum(full_ms):.0f}ms" if full_ms else "0"
+    # One process per side, started one after the other (each reads its own static manifest).
+    sides = [Side("before", ns.against.resolve(), at)] if ns.against else []
+    sides.append(Side("after" if ns.against else "this", ROOT, at))
+    names = sides[0].names
+    assert all(side.names == names for side in sides), "the sides read different pages"
+    # A first round not counted: caches warm, and each page's reads a round from its time.
+    reads = []
+    for i in range(len(names)):
+        slowest = max(statistics.median(side.read(i, 1, keep=False)) for side in sides)
+        reads.append(min(ns.max_reads, max(ns.min_reads, math.ceil(ns.budget_ms / slowest))))
+    # Read by read in turn: a burst of other work on the machine lands on both sides alike.
+    for r in range(ns.rounds):
+        for i in range(len(names)):
+            for side in sides:
+                side.batch(i)
+            for k in range(reads[i]):
+                for side in sides if (r + i + k) % 2 == 0 else sides[::-1]:
+                    side.read(i, 1)
         print(
-            f"{name:36} {p50:6.1f}ms {p95:6.1f}ms {cpu50:6.1f}ms {cpu95:6.1f}ms"
-            f" {naive_text} {ratio} {full_text:>12}  {flag}"
+            f"round {r + 1}/{ns.rounds} done; load average {os.getloadavg()[0]:.2f}",
+            flush=True,
         )
-    print(f"\nslowest page p95: {worst:.1f} ms (target {TARGET_P95_MS:.0f} ms)")
-    pauses = [ms for *_, full_ms in results for ms in full_ms]
+    naive = {i: sides[-1].ask({"op": "naive", "page": i, "n": 2})["ms"] for i in range(len(names))}
+    heaps = [side.ask({"op": "end"}) for side in sides]
+    for side in sides:
+        side.proc.wait()
+    if ns.save:
+        ns.save.write_text(
+            json.dumps(
+                {
+                    "rounds": ns.rounds,
+                    "reads": reads,
+                    "sides": [
+                        {k: getattr(s, k) for k in ("label", "names", "ms", "cpu", "gc")}
+                        | {"code": str(s.code)}
+                        for s in sides
+                    ],
+                }
+            )
+        )
+    print()
+    report(sides, ns.rounds, reads, naive)
+    pauses = [ms for side in sides for page in side.gc.values() for ms in page]
     print(
-        f"full collections during the reads: {len(pauses)}, {sum(pauses):.0f} ms in all,"
-        f" longest {max(pauses, default=0.0):.0f} ms; {len(gc.get_objects()):,} objects tracked"
-        f" at the end ({gc.get_freeze_count():,} frozen)"
+        f"\nfull collections during the reads: {len(pauses)}, {sum(pauses):.0f} ms in all,"
+        f" longest {max(pauses, default=0.0):.0f} ms; objects tracked at the end: "
+        + ", ".join(
+            f"{side.label} {h['objects']:,} ({h['frozen']:,} frozen)"
+            for side, h in zip(sides, heaps, strict=True)
+        )
     )
-    api_p95 = next(bench_scale._p(ms, 0.95) for name, ms, *_ in results if name == API_ROUTE)
-    print(f"API route answer p95: {api_p95:.1f} ms (target {TARGET_API_P95_MS:.0f} ms)")
 
 
 if __name__ == "__main__":
