@@ -67,6 +67,11 @@ def _truth(base: str, request_id: str) -> dict:
 async def _raw_one(port: int, n: int, delay: float) -> tuple[str, float, list[float]]:
     await asyncio.sleep(delay)
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    # Read 64 KiB at a time, as the engine does (probes/netstream.py). asyncio's transport asks
+    # for 256 KiB a read, a size glibc's malloc maps and unmaps on every read unless something
+    # freed a larger block earlier in the process: the baseline's CPU then moved by half with
+    # what the process had imported (bench/RESULTS.md, "Why the pre-34 tree read ~1.4x").
+    writer.transport.max_size = 64 * 1024  # type: ignore[attr-defined]
     body = json.dumps(
         {
             "model": "bench-model",
