@@ -20,6 +20,18 @@ def run(spec: ProbeSpec) -> Measurement:
     return asyncio.run(go())
 
 
+def run_all(*specs: ProbeSpec) -> list[Measurement]:
+    """Probes one after the other on one event loop: the same warm client for each."""
+
+    async def go() -> list[Measurement]:
+        try:
+            return [await probe(spec) for spec in specs]
+        finally:
+            await warm_clients.aclose()
+
+    return asyncio.run(go())
+
+
 def sim_spec(
     sim: SimulatorProcess, model: str = "fast-small", max_tokens: int = 30, **kw: object
 ) -> ProbeSpec:

@@ -5,7 +5,6 @@ apart, cached tokens read, every in-stream error with its kind, the provider's o
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -15,9 +14,9 @@ from typing import Any
 import httpx2
 import pytest
 
-from probes import Measurement, ProbeSpec, probe
-from probes.transport import warm_clients
+from probes import Measurement, ProbeSpec
 from simulator.testing import SimulatorProcess
+from tests.probes.support import run_all
 from tests.support import ROOT
 
 RESPONSES_KEY = "sk-test-oairesp-0123456789"
@@ -54,16 +53,6 @@ def _spec(
     base.setdefault("max_tokens", 600)
     headers = {"x-sim-fault": fault} if fault else {}
     return ProbeSpec(format=fmt, extra_headers=headers, **{**base, **kw})
-
-
-def _run(*specs: ProbeSpec) -> list[Measurement]:
-    async def go() -> list[Measurement]:
-        try:
-            return [await probe(spec) for spec in specs]
-        finally:
-            await warm_clients.aclose()
-
-    return asyncio.run(go())
 
 
 def _truth(sim: SimulatorProcess, result: Measurement) -> dict[str, Any]:
@@ -115,7 +104,7 @@ def test_every_figure_matches_the_simulators_ground_truth(
 ) -> None:
     spec = _spec(sim, fmt, input_tokens=1500, user_prompt="What is 12 * 12?", **settings)
     offsets_ms: list[float] = []
-    for n, result in enumerate(_run(spec, spec, spec)):
+    for n, result in enumerate(run_all(spec, spec, spec)):
         assert result.ok, result.error_detail
         truth = _truth(sim, result)
         # A lifecycle event (response.created, a reasoning item, messageStart) is not a token:
@@ -161,7 +150,7 @@ def test_a_model_that_does_not_reason_has_the_same_first_token_and_first_answer(
         _spec(sim, "gemini", "gem-flash"),
         _spec(sim, "bedrock", "us.meta.llama-sim-v1:0"),
     ]
-    for result in _run(*specs):
+    for result in run_all(*specs):
         assert result.ok, result.error_detail
         assert result.ttft_ms == result.ttfat_ms
         assert result.reasoning_tokens in (None, 0)
@@ -193,7 +182,7 @@ def test_a_model_that_does_not_reason_has_the_same_first_token_and_first_answer(
 def test_every_in_stream_error_has_its_kind(
     sim: SimulatorProcess, fmt: str, fault: str, kind: str
 ) -> None:
-    (result,) = _run(_spec(sim, fmt, fault=fault))
+    (result,) = run_all(_spec(sim, fmt, fault=fault))
     assert result.error_kind == kind, result.error_detail
     if fault == "bad_signature":
         assert "signature we calculated does not match" in result.error_detail
@@ -203,7 +192,7 @@ def test_every_in_stream_error_has_its_kind(
 
 def test_responses_cut_at_max_output_tokens_is_our_configuration(sim: SimulatorProcess) -> None:
     # 40 tokens of hidden reasoning leave 10 of 50 for the answer: incomplete, ours to fix.
-    (result,) = _run(_spec(sim, "responses", max_tokens=50))
+    (result,) = run_all(_spec(sim, "responses", max_tokens=50))
     assert result.error_kind == "config"
     assert "max_output_tokens" in result.error_detail
     assert result.reasoning_tokens == 40
@@ -211,7 +200,7 @@ def test_responses_cut_at_max_output_tokens_is_our_configuration(sim: SimulatorP
 
 def test_gemini_refuses_a_thinking_budget_and_level_together(sim: SimulatorProcess) -> None:
     spec = _spec(sim, "gemini", thinking_budget_tokens=100, reasoning_effort="low")
-    (result,) = _run(spec)
+    (result,) = run_all(spec)
     assert result.error_kind == "config"
     assert "never both" in result.error_detail
     raw = httpx2.post(
@@ -236,12 +225,12 @@ def test_gemini_usage_is_cumulative_and_kept_not_summed(sim: SimulatorProcess) -
     counts = [c["usageMetadata"].get("candidatesTokenCount", 0) for c in chunks]
     assert len(chunks) > 2
     assert counts == sorted(counts)
-    (result,) = _run(_spec(sim, "gemini", "gem-flash"))
+    (result,) = run_all(_spec(sim, "gemini", "gem-flash"))
     assert result.output_tokens == counts[-1] < sum(counts)
 
 
 def test_bedrock_refuses_a_request_signed_with_another_secret(sim: SimulatorProcess) -> None:
-    (result,) = _run(_spec(sim, "bedrock", aws_secret_access_key="not-the-secret"))
+    (result,) = run_all(_spec(sim, "bedrock", aws_secret_access_key="not-the-secret"))
     assert result.error_kind == "http_4xx"
     assert "403" in result.error_detail
     assert "not-the-secret" not in result.error_detail

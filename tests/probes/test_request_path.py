@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 import base64
 
-from probes import Measurement, ProbeSpec, probe
+from probes import ProbeSpec
 from probes.request import build_request
-from probes.transport import make_client, warm_clients
+from probes.transport import make_client
 from tests.probes.loopback import LoopbackServer, Received, Reply, sse
+from tests.probes.support import run_all
 
 STREAM = [
     (0.0, chunk)
@@ -40,18 +41,6 @@ def _spec(url: str, **kw: object) -> ProbeSpec:
     )
 
 
-def _probes(*specs: ProbeSpec) -> list[Measurement]:
-    """Probes one after the other on one event loop: the same warm client for each."""
-
-    async def go() -> list[Measurement]:
-        try:
-            return [await probe(spec) for spec in specs]
-        finally:
-            await warm_clients.aclose()
-
-    return asyncio.run(go())
-
-
 def _answer(*replies: Reply) -> LoopbackServer:
     queue = list(replies)
 
@@ -65,7 +54,7 @@ def test_a_providers_cookie_goes_back_with_the_next_probe_on_the_same_client() -
     # Cloudflare's bot-management cookie: set on one answer, sent back with the requests after.
     cookie = Reply(200, [*EVENTS, ("set-cookie", "__cf_bm=abc123; path=/; HttpOnly")], STREAM)
     with _answer(cookie, Reply(200, EVENTS, STREAM)) as server:
-        results = _probes(_spec(server.url), _spec(server.url), _spec(server.url))
+        results = run_all(_spec(server.url), _spec(server.url), _spec(server.url))
     assert [r.outcome for r in results] == ["ok", "ok", "ok"], [r.error_detail for r in results]
     assert [r.headers.get("cookie") for r in server.received] == [
         None,
@@ -77,14 +66,14 @@ def test_a_providers_cookie_goes_back_with_the_next_probe_on_the_same_client() -
 def test_a_cold_probe_starts_without_the_warm_clients_cookies() -> None:
     cookie = Reply(200, [*EVENTS, ("set-cookie", "__cf_bm=abc123; path=/")], STREAM)
     with _answer(cookie, Reply(200, EVENTS, STREAM)) as server:
-        results = _probes(_spec(server.url), _spec(server.url, cold=True))
+        results = run_all(_spec(server.url), _spec(server.url, cold=True))
     assert [r.outcome for r in results] == ["ok", "ok"]
     assert [r.headers.get("cookie") for r in server.received] == [None, None]
 
 
 def test_the_request_goes_out_as_httpx2_would_send_it() -> None:
     with _answer(Reply(200, EVENTS, STREAM)) as server:
-        (result,) = _probes(_spec(server.url))
+        (result,) = run_all(_spec(server.url))
         (received,) = server.received
     assert result.outcome == "ok"
     client = make_client(False, True)
@@ -124,7 +113,7 @@ def test_the_head_is_httpx2s_with_the_clients_cookies_and_a_query() -> None:
 def test_a_user_and_password_in_the_url_are_sent_as_httpx2s_basic_auth() -> None:
     with _answer(Reply(200, EVENTS, STREAM)) as server:
         url = server.url.replace("http://", "http://probe:s3cret@")
-        (result,) = _probes(_spec(url))
+        (result,) = run_all(_spec(url))
         (received,) = server.received
     assert result.outcome == "ok", result.error_detail
     assert (
@@ -135,7 +124,7 @@ def test_a_user_and_password_in_the_url_are_sent_as_httpx2s_basic_auth() -> None
 def test_a_redirect_is_answered_not_followed() -> None:
     moved = Reply(307, [("location", "/v2/chat/completions"), ("set-cookie", "seen=1; path=/")])
     with _answer(moved) as server:
-        results = _probes(_spec(server.url), _spec(server.url))
+        results = run_all(_spec(server.url), _spec(server.url))
     assert [r.error_kind for r in results] == ["config", "config"]
     assert [r.target for r in server.received] == ["/v1/chat/completions"] * 2
     # The redirect's cookie is kept, as httpx2's client keeps it.
