@@ -13,6 +13,7 @@ from typing import Any
 from probes import Measurement, ProbeSpec, probe
 from probes.engine import Progress
 from probes.transport import warm_clients
+from tests.probes.support import run_all as run
 from tests.support import ROOT
 
 
@@ -23,18 +24,6 @@ def spec(origin: str, fmt: str, model: str, **kw: Any) -> ProbeSpec:
     kw.setdefault("total_timeout_s", 30.0)
     kw.setdefault("first_token_timeout_s", 20.0)
     return ProbeSpec(base_url=base, format=fmt, model=model, **kw)
-
-
-def run(*specs: ProbeSpec) -> list[Measurement]:
-    """Probes one after the other on one event loop (so warm connections are reused)."""
-
-    async def go() -> list[Measurement]:
-        try:
-            return [await probe(s) for s in specs]
-        finally:
-            await warm_clients.aclose()
-
-    return asyncio.run(go())
 
 
 def run_one(s: ProbeSpec) -> Measurement:

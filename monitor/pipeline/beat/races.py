@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from decimal import Decimal
+from functools import partial
 from typing import Any
 
 from django.db import connection, transaction
@@ -83,9 +84,7 @@ def due_races(now: datetime, committed: dict[int, Decimal]) -> list[tuple[Task, 
         (r["task_id"], r["region_id"]): r["last"]
         for r in RaceRun.objects.values("task_id", "region_id").annotate(last=Max("slot_at"))
     }
-    usage = (
-        spend.measured_usage(now) if any(t.monthly_spend_cap_usd is not None for t in tasks) else {}
-    )
+    usage = spend.usage_if_capped(tasks, now)
     due = []
     for task in tasks:
         interval = task.race_interval_s
@@ -93,18 +92,11 @@ def due_races(now: datetime, committed: dict[int, Decimal]) -> list[tuple[Task, 
         routes = _racing_routes(task)
         if len(routes) < 2:
             continue  # a race needs two lanes
-        cost = (
-            Decimal("0")
-            if task.monthly_spend_cap_usd is None
-            else race_cost_estimate(task, routes, usage)
-        )
+        cost = spend.cost_if_capped(task, partial(race_cost_estimate, task, routes, usage))
         for region in task.regions.all():
             if not region.is_active:
                 continue
-            so_far = committed.get(task.pk, Decimal("0"))
-            if task.monthly_spend_cap_usd is not None and (
-                so_far + cost > task.monthly_spend_cap_usd
-            ):
+            if spend.would_pass_cap(task, committed, cost):
                 break
             phase = phase_s(task.pk, 0, region.pk, interval)
             after = latest.get((task.pk, region.pk))
@@ -113,7 +105,7 @@ def due_races(now: datetime, committed: dict[int, Decimal]) -> list[tuple[Task, 
             # A first race too late to get its whole deadline is not started.
             if times and not (after is None and starts_later(times[-1], now)):
                 due.append((task, region, times[-1]))
-                committed[task.pk] = so_far + cost
+                committed[task.pk] = committed.get(task.pk, Decimal("0")) + cost
     return due
 
 

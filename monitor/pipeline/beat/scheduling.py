@@ -17,6 +17,7 @@ import time
 from collections import defaultdict
 from datetime import datetime
 from decimal import Decimal
+from functools import partial
 from typing import Any
 
 from django.conf import settings
@@ -24,7 +25,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from monitor import limits
-from monitor.models import EvalCase, ProbeSlot, Region, Route, Task
+from monitor.models import EvalCase, ProbeSlot, Region, Task
 from monitor.pipeline.beat import races, scenarios
 from monitor.pipeline.beat.slots import (
     Slot,
@@ -48,16 +49,6 @@ from monitor.stats import spend
 def month_spend_by_task(now: datetime) -> dict[int, Decimal]:
     """What each task's ingested probes and finished races cost this month."""
     return spend.spent_by_task(now)
-
-
-def spend_capped(
-    task: Task, route: Route, committed: Decimal, usage: spend.Usages | None = None
-) -> bool:
-    """Would one more probe of this route take the task past its monthly cap? `usage`: the
-    routes' recent measured usage (spend.measured_usage; the worst case where none)."""
-    if task.monthly_spend_cap_usd is None:
-        return False
-    return committed + spend.probe_estimate_usd(task, route, usage) > task.monthly_spend_cap_usd
 
 
 def latest_slots() -> dict[tuple[int, int, int], datetime]:
@@ -94,22 +85,18 @@ def due_slots(now: datetime, committed: dict[int, Decimal] | None = None) -> lis
         "routes__provider", "regions", "steps"
     )
     latest = latest_slots()
-    # Costs matter only to a task with a cap: without one, no usage is read at all.
-    usage = (
-        spend.measured_usage(now) if any(t.monthly_spend_cap_usd is not None for t in tasks) else {}
-    )
+    usage = spend.usage_if_capped(tasks, now)
     slots: list[Slot] = []
     for task in tasks:
-        cap = task.monthly_spend_cap_usd
         capped = False
         for route in task.routes.all():
             if capped:
                 break
             if not (route.is_active and route.provider.is_active):
                 continue
-            cost = Decimal("0") if cap is None else spend.probe_estimate_usd(task, route, usage)
-            if spend_capped(task, route, committed.get(task.pk, Decimal("0")), usage):
-                continue
+            cost = spend.cost_if_capped(task, partial(spend.probe_estimate_usd, task, route, usage))
+            if spend.would_pass_cap(task, committed, cost):
+                continue  # this route's probe would pass the cap; a cheaper one may not
             for region in task.regions.all():
                 if not region.is_active or capped:
                     continue
@@ -119,13 +106,12 @@ def due_slots(now: datetime, committed: dict[int, Decimal] | None = None) -> lis
                     if after is None and starts_later(at, now):
                         continue
                     if in_time(at, now):
-                        so_far = committed.get(task.pk, Decimal("0"))
-                        if cap is not None and so_far + cost > cap:
+                        if spend.would_pass_cap(task, committed, cost):
                             # Nothing more for this task this tick: the next tick sees the
                             # route capped (in flight counts) and creates none of its slots.
                             capped = True
                             break
-                        committed[task.pk] = so_far + cost
+                        committed[task.pk] = committed.get(task.pk, Decimal("0")) + cost
                     slots.append(Slot(task, route, region, at))
     return slots
 
@@ -169,11 +155,7 @@ def plan(now: datetime | None = None) -> list[Dispatch]:
     then one message per race. monitor.tasks sends them (this module never touches the
     broker), so a slot claimed here is sent by the tick that claimed it, or by nobody."""
     now = now or timezone.now()
-    # What is spent and in flight is read only when a task has a cap to check it against:
-    # the month's rollups, the open slots and the recent usage, three reads a tick, 0.03
-    # cores at bench-load's 1x for no slot (bench/RESULTS.md).
-    capped = Task.objects.filter(is_active=True, monthly_spend_cap_usd__isnull=False).exists()
-    committed = spend.committed_by_task(now) if capped else {}
+    committed = spend.committed_if_capped(now)
     with transaction.atomic():
         claimed = claim(due_slots(now, committed))
         # Too late to make their deadline (the scheduler was down): recorded missed at once,

@@ -8,6 +8,7 @@ import pytest
 from monitor.models import ProbeSlot
 from monitor.pipeline.beat import scheduling, slots
 from monitor.pipeline.ingest import results as ingest
+from monitor.stats import spend
 from tests.monitor import factories as f
 
 NOW = datetime(2026, 11, 2, 10, 0, 30, tzinfo=UTC)
@@ -102,8 +103,10 @@ def test_a_spend_cap_stops_probing_a_route(world) -> None:
     t, routes, _ = world
     t.monthly_spend_cap_usd = Decimal("0.01")
     t.save()
-    assert not scheduling.spend_capped(t, routes[0], Decimal("0"))
-    assert scheduling.spend_capped(t, routes[0], Decimal("0.01"))
+    cost = spend.probe_estimate_usd(t, routes[0])
+    assert not spend.would_pass_cap(t, {}, cost)
+    assert spend.would_pass_cap(t, {t.pk: Decimal("0.01")}, cost)
+    assert not spend.would_pass_cap(t, {t.pk: Decimal("0.01") - cost}, cost)
     # A month of spend in the rollups: the scheduler skips the task's routes.
     ingest.ingest(
         [f.payload(t, routes[0], t.regions.first(), NOW - timedelta(minutes=i)) for i in range(10)]
