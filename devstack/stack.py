@@ -24,12 +24,16 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from urllib.parse import urlsplit
+
+import redis
 
 from devstack import embedded, lifetime, shards
 from devstack.supervision import STOP_SIGNALS, Child, _say, serve
 from monitor import broker_tls, limits
+from monitor.pipeline.region import liveness
 
 ROOT = embedded.ROOT
 PY = sys.executable
@@ -286,6 +290,20 @@ def _celery_worker(name: str, queue: str, concurrency: int, *, nice: str | None 
     return Child(name, argv, env={"RW_WORKER_NICE": nice} if nice else {}, stop_first=True)
 
 
+def _regions_live(env: dict[str, str], slugs: Sequence[str]) -> bool:
+    """Does every region in `slugs` have a live worker (its beacon in the broker,
+    monitor.pipeline.region.liveness)? False while the broker does not answer."""
+    try:
+        client = redis.Redis.from_url(env["REDIS_URL"], socket_timeout=2, socket_connect_timeout=2)
+        with client:
+            return all(
+                next(client.scan_iter(match=f"{liveness.PREFIX}{slug}:*", count=500), None)
+                for slug in slugs
+            )
+    except redis.RedisError:
+        return False
+
+
 def stack_processes(
     env: dict[str, str], port: int, simulator_port: int = SIMULATOR_PORT
 ) -> list[Child]:
@@ -302,7 +320,14 @@ def stack_processes(
         # Pages before probes on a shared machine: the web's session at a CPU priority above
         # the workers' (where permitted), as compose's cpu_shares give it 4x a worker's.
         Child("web", web, priority=WEB_NICE),
-        Child("beat", beat, stop_first=True),
+        # Beat last, once every region worker says it is live: a region whose worker is still
+        # starting (10-60 s on a busy 2-core machine) would see its first slots missed.
+        Child(
+            "beat",
+            beat,
+            stop_first=True,
+            ready_to_start=partial(_regions_live, env, [slug for slug, _ in DEMO_REGIONS]),
+        ),
         # The tick alone (monitor.pipeline.queues.SCHEDULE_QUEUE), at the web's CPU priority:
         # a tick that waits creates its slots late, and they are recorded missed.
         _celery_worker("scheduler", "schedule", 1, nice="0"),

@@ -13,7 +13,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from devstack import embedded, lifetime
@@ -35,6 +35,9 @@ class Child:
     # A CPU priority above the others' (a negative nice, for its whole session): the web's
     # (devstack.stack.WEB_NICE). Needs root or CAP_SYS_NICE; without, the child runs at 0.
     priority: int | None = None
+    # Started after the others, once this says so (polled; at most START_WAIT_S, then anyway):
+    # beat, once every region worker is live, so no slot is planned for a region nobody serves.
+    ready_to_start: Callable[[], bool] | None = None
 
 
 # Set once our output is gone (its terminal closed: writes fail with EIO): the stack goes on,
@@ -101,6 +104,40 @@ def _announce_web(
         )
     else:
         _say(f"the web server did not answer within {timeout_s:.0f} s; see its output above")
+    return False
+
+
+# The longest a child with `ready_to_start` waits for it (a worker's start takes 10-60 s on a
+# busy 2-core machine).
+START_WAIT_S = 180.0
+
+
+def start_when_ready(
+    children: Sequence[Child],
+    env: dict[str, str],
+    stopping: threading.Event,
+    timeout_s: float = START_WAIT_S,
+) -> None:
+    """Start each child that has `ready_to_start` once it says so, in order; one still not
+    ready after `timeout_s` is started anyway (and said so). None once `stopping` is set."""
+    for child in children:
+        if child.ready_to_start is None or stopping.is_set():
+            continue
+        if not _wait_until(child.ready_to_start, stopping, timeout_s):
+            if stopping.is_set():
+                return
+            _say(f"starting {child.name} without waiting longer ({timeout_s:.0f} s)")
+        _start_child(child, env)
+
+
+def _wait_until(ready: Callable[[], bool], stopping: threading.Event, timeout_s: float) -> bool:
+    """Poll `ready` every half second until it says yes (True), `stopping` is set or
+    `timeout_s` passed (False)."""
+    deadline = time.monotonic() + timeout_s
+    while not stopping.is_set() and time.monotonic() < deadline:
+        if ready():
+            return True
+        stopping.wait(0.5)
     return False
 
 
@@ -235,9 +272,11 @@ def serve(
         signal.signal(signum, _on_signal)
     try:
         for child in children:
-            _start_child(child, env)
+            if child.ready_to_start is None:
+                _start_child(child, env)
         if web is not None:
             _announce_web(*web, stopping)
+        start_when_ready(children, env, stopping)
         return supervise(children, env, stopping)
     finally:
         _say("stopping")

@@ -12,8 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 
 from devstack import supervision
+from devstack.stack import _regions_live
 
 
 def _counting_child(tmp: Path, name: str, *, exit_after_s: float) -> supervision.Child:
@@ -210,3 +212,64 @@ def test_a_child_with_a_priority_runs_above_the_others_with_its_whole_session(
             assert _nice_of_autogroup(plain.proc.pid) == 0
     finally:
         supervision._stop_children([web, plain])
+
+
+def test_a_child_that_waits_starts_once_ready_and_not_before(tmp_path: Path) -> None:
+    """beat waits for every region worker's beacon (devstack.stack._regions_live): a child with
+    `ready_to_start` starts only once it says so, after the others. (Called from this thread:
+    a child dies with the thread that started it.)"""
+    steady = _counting_child(tmp_path, "steady", exit_after_s=60)
+    waiting = _counting_child(tmp_path, "waiting", exit_after_s=60)
+    started_when_asked: list[bool] = []
+
+    def is_ready() -> bool:  # ready from the fourth time it is asked
+        started_when_asked.append(waiting.proc is not None)
+        return len(started_when_asked) >= 4
+
+    waiting.ready_to_start = is_ready
+    children = [steady, waiting]
+    supervision._start_child(steady, {})
+    try:
+        supervision.start_when_ready(children, {}, threading.Event(), timeout_s=60.0)
+        assert started_when_asked == [False] * 4  # not started while it said no
+        for _ in range(100):
+            if _starts(tmp_path, "waiting"):
+                break
+            time.sleep(0.1)
+        assert _starts(tmp_path, "waiting") == 1
+        assert _starts(tmp_path, "steady") == 1
+    finally:
+        supervision._stop_children(children)
+
+
+def test_a_child_never_ready_starts_after_the_bound_and_not_when_stopping(tmp_path: Path) -> None:
+    late = _counting_child(tmp_path, "late", exit_after_s=60)
+    late.ready_to_start = lambda: False
+    stopping = threading.Event()
+    try:
+        supervision.start_when_ready([late], {}, stopping, timeout_s=0.6)
+        assert late.proc is not None  # started anyway, once the bound passed
+        supervision._stop_children([late])
+        never = _counting_child(tmp_path, "never", exit_after_s=60)
+        never.ready_to_start = lambda: False
+        stopping.set()
+        supervision.start_when_ready([never], {}, stopping, timeout_s=0.6)
+        assert never.proc is None  # a stop asked meanwhile: nothing more is started
+    finally:
+        supervision._stop_children([late])
+
+
+def test_beat_waits_for_a_live_worker_in_every_region() -> None:
+    """`make run` starts beat once each region has a worker's beacon in the broker."""
+    env = {"REDIS_URL": os.environ["REDIS_URL"]}
+    client = redis.Redis.from_url(env["REDIS_URL"])
+    regions = ["zz-supervise-a", "zz-supervise-b"]
+    try:
+        assert not _regions_live(env, regions)
+        client.set("rw:worker:zz-supervise-a:host:1", "{}", ex=30)
+        assert not _regions_live(env, regions)  # one region still has none
+        client.set("rw:worker:zz-supervise-b:host:2", "{}", ex=30)
+        assert _regions_live(env, regions)
+        assert not _regions_live({"REDIS_URL": "redis://127.0.0.1:9/0"}, regions)  # no broker
+    finally:
+        client.delete("rw:worker:zz-supervise-a:host:1", "rw:worker:zz-supervise-b:host:2")
