@@ -13,7 +13,7 @@ from typing import Any
 from probes import Measurement, ProbeSpec, probe
 from probes.engine import Progress
 from probes.transport import warm_clients
-from tests.probes.support import run_all as run
+from tests.probes.support import run_all
 from tests.support import ROOT
 
 
@@ -27,7 +27,7 @@ def spec(origin: str, fmt: str, model: str, **kw: Any) -> ProbeSpec:
 
 
 def run_one(s: ProbeSpec) -> Measurement:
-    return run(s)[0]
+    return run_all(s)[0]
 
 
 def run_while(

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 
 from tests.interop.conftest import ANSWER, Certs, HypercornFakellm
-from tests.interop.probing import ok_fields, run, run_one, spec
+from tests.interop.probing import ok_fields, run_one, spec
 from tests.interop.servers import Server
+from tests.probes.support import run_all
 
 # The first use installs the servers (LiteLLM: minutes); pytest-timeout counts fixture setup.
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(1800)]
@@ -76,8 +77,8 @@ def test_warm_probes_reuse_the_connection_and_cold_ones_do_not(
         "http2-tls": (fakellm_hypercorn.tls_origin, {"http2": True, "verify": certs.ca}),
         "http2-cleartext": (fakellm_hypercorn.h2c_origin, {"http2": True}),
     }[transport]
-    warm = run(*(spec(origin, "openai", "m", **extra) for _ in range(2)))
-    cold = run(*(spec(origin, "openai", "m", cold=True, **extra) for _ in range(2)))
+    warm = run_all(*(spec(origin, "openai", "m", **extra) for _ in range(2)))
+    cold = run_all(*(spec(origin, "openai", "m", cold=True, **extra) for _ in range(2)))
     for result in warm + cold:
         assert not ok_fields(result), ok_fields(result)
     assert warm[0].connect_ms is not None
@@ -90,7 +91,7 @@ def test_warm_probes_reuse_the_connection_and_cold_ones_do_not(
 
 
 def test_the_result_says_whether_the_connection_was_reused(fakellm: Server) -> None:
-    warm = run(*(spec(fakellm.origin, "openai", "m") for _ in range(2)))
+    warm = run_all(*(spec(fakellm.origin, "openai", "m") for _ in range(2)))
     cold = run_one(spec(fakellm.origin, "openai", "m", cold=True))
     assert getattr(warm[0], "connection_reused", None) is False
     assert getattr(warm[1], "connection_reused", None) is True

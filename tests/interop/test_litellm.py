@@ -21,7 +21,8 @@ from tests.interop.conftest import (
     _start,
     mockllm_server,
 )
-from tests.interop.probing import ok_fields, run, run_one, run_while, spec, until_output
+from tests.interop.probing import ok_fields, run_one, run_while, spec, until_output
+from tests.probes.support import run_all
 
 # The first use installs the servers (LiteLLM: minutes); pytest-timeout counts fixture setup.
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(1800)]
@@ -44,7 +45,7 @@ def _raw_events(litellm: LiteLLM, path: str, body: dict[str, Any]) -> list[dict[
 
 def test_openai_stream_with_usage_matches_what_the_gateway_says(litellm: LiteLLM) -> None:
     """LiteLLM sends usage (with completion_tokens_details) in a chunk after the finish."""
-    first, second = run(
+    first, second = run_all(
         *(
             spec(
                 litellm.server.origin,
