@@ -9,13 +9,14 @@ hour, p95 over 2 hours and p99 over 9. The width is chosen once per chart, from 
 the sample count (the median count of the buckets with data), and is never wider than
 MAX_WIDTH of the window's length: where even that is too few, the point says so (no line).
 
-Read from the rollups, like every chart: the counts of each bucket (one indexed read of the
-window's rows, for the sample count on hover), and the histograms only when a tail needs a
-width above one bucket (a second read of the same rows, bounded the same way). Both read
-through the (route, grain, region, time) index alone: with task_id among its index conditions
-too, PostgreSQL ANDed in the task's whole index (30,000 entries on the 30-day bench set,
-6 ms a read for 169 rows). A tail point is a few lookups into running sums (_Running), not
-a merge of its span's histograms.
+Read from the rollups, like every chart: the counts of each bucket (for the sample count on
+hover, COUNTS_SQL: carried by the chart's own read of the hour strips, no round trip of its
+own), and the histograms only when a tail needs a width above one bucket (one read of the
+same rows, bounded the same way, with binary results: _fetch). Both read through the (route,
+grain, region, time) index alone: with task_id among its index conditions too, PostgreSQL
+ANDed in the task's whole index (30,000 entries on the 30-day bench set, 6 ms a read for 169
+rows). A tail point is a few lookups into running sums of each hour's top samples
+(_Running), not a merge of its span's histograms.
 """
 
 from __future__ import annotations
