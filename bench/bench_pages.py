@@ -443,6 +443,8 @@ def report(
         )
         worst = 0.0
         for i, name in enumerate(side.names):
+            if i not in side.ms:  # not read (--pages)
+                continue
             ms = side.pooled(i)
             p50, p95 = statistics.median(ms), p(ms, 0.95)
             if name != BACKTEST:
@@ -466,8 +468,11 @@ def report(
                 f" {p(cpu, 0.95):6.1f}ms {naive_text} {ratio} {full_text:>12}  {flag}"
             )
         print(f"\nslowest page p95: {worst:.1f} ms (target {TARGET_P95_MS:.0f} ms)")
-        api = side.pooled(side.names.index(API_ROUTE))
-        print(f"API route answer p95: {p(api, 0.95):.1f} ms (target {TARGET_API_P95_MS:.0f} ms)")
+        if side.names.index(API_ROUTE) in side.ms:
+            api = side.pooled(side.names.index(API_ROUTE))
+            print(
+                f"API route answer p95: {p(api, 0.95):.1f} ms (target {TARGET_API_P95_MS:.0f} ms)"
+            )
         return
     before, after = sides
     half = slice(0, rounds // 2), slice(rounds // 2, rounds)
@@ -483,6 +488,8 @@ def report(
         "\n| --- | --- | --- | --- | --- | --- | --- | --- |"
     )
     for i, name in enumerate(before.names):
+        if i not in before.ms:  # not read (--pages)
+            continue
         b, a = before.pooled(i), after.pooled(i)
         halves = ", ".join(
             _change(p(after.pooled(i, h), 0.95), p(before.pooled(i, h), 0.95)) for h in half
@@ -520,6 +527,13 @@ def main() -> None:
         "--against",
         type=Path,
         help="another commit's worktree (the before): read side by side with this one",
+    )
+    parser.add_argument(
+        "--pages",
+        action="append",
+        metavar="NAME",
+        help="read only this page (its name as the report gives it; repeat for more): a quick"
+        " look at a few rows, never a run to report",
     )
     parser.add_argument("--save", type=Path, help="also write every read's times here (JSON)")
     parser.add_argument("--show", type=Path, help="report a --save file again, reading nothing")
@@ -579,14 +593,18 @@ def main() -> None:
     sides.append(Side("after" if ns.against else "this", ROOT, at))
     names = sides[0].names
     assert all(side.names == names for side in sides), "the sides read different pages"
+    unknown = set(ns.pages or ()) - set(names)
+    if unknown:
+        raise SystemExit(f"no such page: {', '.join(sorted(unknown))} (pages: {names})")
+    pages = [i for i, name in enumerate(names) if not ns.pages or name in ns.pages]
     # A first round not counted: caches warm, and each page's reads a round from its time.
-    reads = []
-    for i in range(len(names)):
+    reads = [0] * len(names)
+    for i in pages:
         slowest = max(statistics.median(side.read(i, 1, keep=False)) for side in sides)
-        reads.append(min(ns.max_reads, max(ns.min_reads, math.ceil(ns.budget_ms / slowest))))
+        reads[i] = min(ns.max_reads, max(ns.min_reads, math.ceil(ns.budget_ms / slowest)))
     # Read by read in turn: a burst of other work on the machine lands on both sides alike.
     for r in range(ns.rounds):
-        for i in range(len(names)):
+        for i in pages:
             for side in sides:
                 side.batch(i)
             for k in range(reads[i]):
@@ -596,7 +614,7 @@ def main() -> None:
             f"round {r + 1}/{ns.rounds} done; load average {os.getloadavg()[0]:.2f}",
             flush=True,
         )
-    naive = {i: sides[-1].ask({"op": "naive", "page": i, "n": 2})["ms"] for i in range(len(names))}
+    naive = {i: sides[-1].ask({"op": "naive", "page": i, "n": 2})["ms"] for i in pages}
     heaps = [side.ask({"op": "end"}) for side in sides]
     for side in sides:
         side.proc.wait()

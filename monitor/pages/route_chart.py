@@ -32,22 +32,23 @@ from monitor.stats import rollups
 #   bucket holds enough samples.
 SERIES_METRICS = ("ttft_ms", "e2e_ms", "tps", "ttfat_ms")
 _EMPTY_STRIP = "[" + ", ".join(["null"] * 24) + "]"
-_REGION = {True: "IS NULL", False: "= %(region)s"}
-_HOUR_CHUNKS_SQL = """
-SELECT string_agg(coalesce(s.points, %(empty)s), ',' ORDER BY d.i)
+# Each read also carries the points' sample counts (tails.COUNTS_SQL): one round trip.
+_HOUR_CHUNKS_SQL = f"""
+SELECT string_agg(coalesce(s.points, %(empty)s), ',' ORDER BY d.i), {tails.COUNTS_SQL}
 FROM unnest(%(days)s::timestamptz[]) WITH ORDINALITY AS d(day, i)
 LEFT JOIN monitor_hourstrip AS s
-  ON s.task_id = %(task)s AND s.route_id = %(route)s AND s.region_id {region} AND s.day = d.day
+  ON s.task_id = %(task)s AND s.route_id = %(route)s AND s.region_id {{region}} AND s.day = d.day
 """
-_DAY_CHUNKS_SQL = """
+_DAY_CHUNKS_SQL = f"""
 SELECT '[' || string_agg(CASE WHEN r.id IS NULL THEN 'null'
                              ELSE rw_chart_point(r.ttft_pcts, r.e2e_pcts, r.tps_pcts,
                                                  rw_pairs_pcts(r.ttfat_hist, 1.0))::text END,
-                        ',' ORDER BY d.i) || ']'
+                        ',' ORDER BY d.i) || ']',
+       {tails.COUNTS_SQL}
 FROM unnest(%(days)s::timestamptz[]) WITH ORDINALITY AS d(day, i)
 LEFT JOIN monitor_rollup AS r
   ON r.grain = 'day' AND r.task_id = %(task)s AND r.route_id = %(route)s
-  AND r.region_id {region} AND r.bucket_start = d.day
+  AND r.region_id {{region}} AND r.bucket_start = d.day
 """
 # As Django's json_script: the text can only hold numbers and null, but it goes into a page.
 # A page with no task probing the route has no chart.
@@ -78,17 +79,25 @@ def series_with_note(
     params: dict[str, Any] = {
         "empty": _EMPTY_STRIP,
         "days": days,
-        "task": task.pk,
-        "route": route.pk,
-        "region": region.pk if region is not None else None,
+        **tails.params(task, route, region, grain, first, first, last),
     }
     with connection.cursor() as cursor:
-        cursor.execute(sql.replace("{region}", _REGION[region is None]), params)
-        chunks = cursor.fetchone()[0]  # never NULL: there is always at least one day
+        cursor.execute(tails.region_sql(sql, region), params)
+        # chunks never NULL: there is always at least one day
+        chunks, found_counts = cursor.fetchone()
     count = (last - first) // step + 1
     # Each point's sample count, and p95 / p99 over wider trailing windows where a bucket
     # holds too few samples for them (monitor.pages.tails).
-    counts, found = tails.tails(task, route, region, grain, first, count, window.length)
+    counts, found = tails.tails(
+        task,
+        route,
+        region,
+        grain,
+        first,
+        count,
+        window.length,
+        tails.counts_of(found_counts, count),
+    )
     extra = tails.packed(counts, found)
     text = (
         f'{{"start": "{first:%Y-%m-%dT%H:%M:%SZ}", "step": "{grain}",'

@@ -19,7 +19,7 @@ from monitor.pages import route as pages_route
 from monitor.pages import tails
 from monitor.pages.common import RANGES
 from monitor.pipeline.ingest import results as ingest
-from monitor.stats import hist
+from monitor.stats import hist, rollups
 from tests.monitor import factories as f
 from tests.support import unfold_series
 
@@ -191,3 +191,99 @@ def test_every_tail_point_is_the_percentile_of_its_span_merged(
             assert tail.points[i] == expected, (q, i)
             drawn += expected[0] is not None
     assert drawn > 20  # the check is not about gaps only
+
+
+@pytest.mark.parametrize("in_region", [True, False])
+def test_the_chart_carries_the_counts_and_tails_of_the_rollup_rows_exactly(
+    uneven: tuple[Task, Route, Region], in_region: bool
+) -> None:
+    """The chart data's counts (read in the chart's own query) and tails (each hour's
+    histogram kept only from its top down, read with binary results) are those of the
+    rollup rows: each tail point hist.percentile of its span merged, rounded as drawn. The
+    uneven hours (3 to 30 probes, slow outliers) make windows whose tail sits 1 to 4
+    samples from the top, so an hour cut too short gives a different point."""
+    task, route, eu = uneven
+    region = eu if in_region else None
+    now = T0 + timedelta(hours=71, minutes=30)
+    data = json.loads(pages_route.series(route, task, region, RANGES["7d"], now))
+    first = datetime.fromisoformat(data["start"])
+    rows = Rollup.objects.filter(grain=GRAIN_HOUR, task=task, route=route)
+    rows = rows.filter(region=region) if region is not None else rows.filter(region__isnull=True)
+    hours = {r.bucket_start: r for r in rows}
+    at = [first + timedelta(hours=i) for i in range(data["count"])]
+    assert data["counts"] == [hours[h].count_ok if h in hours else 0 for h in at]
+    assert set(data["tails"]) == {"p95", "p99"}
+    compared = 0
+    for name, tail in data["tails"].items():
+        q, width = int(name[1:]), tail["width"]
+        for i, h in enumerate(at):
+            if h not in hours or hours[h].count_ok == 0:
+                assert (tail["points"][i], tail["samples"][i]) == (None, 0)
+                continue
+            span = [hours[s] for w in range(width) if (s := h - timedelta(hours=w)) in hours]
+            assert tail["samples"][i] == sum(r.count_ok for r in span)
+            expected = [
+                hist.percentile(hist.merge(getattr(r, column) for r in span), q, scale)
+                for column, scale in tails.HISTOGRAMS
+            ]
+            assert tail["points"][i] == [None if v is None else round(v, 1) for v in expected]
+            compared += expected[1] is not None
+    assert compared > 20
+
+
+@pytest.mark.parametrize("in_region", [True, False])
+def test_the_median_probe_is_chosen_against_the_rollups_e2e_median_of_the_last_24_h(
+    uneven: tuple[Task, Route, Region], in_region: bool
+) -> None:
+    """Read on its own for the 7 d and 30 d pages (one histogram column of the hours the last
+    24 h touch), the median is the figure the rollups' merged Stats of those 24 h give."""
+    task, route, eu = uneven
+    region = eu if in_region else None
+    for minute in (0, 30, 59):
+        now = T0 + timedelta(hours=71, minutes=minute)
+        where = {"route_id": route.pk, "task_id": task.pk}
+        if region is not None:
+            where["region_id"] = region.pk
+        day = rollups.stats_over(
+            since=now - pages_route.RAW_WINDOW,
+            until=now + timedelta(hours=1),
+            key_fields=["route_id"],
+            all_regions=region is None,
+            where=where,
+        )[(route.pk,)]
+        expected = day.e2e_ms(50)
+        assert expected is not None
+        assert pages_route.e2e_median_24h(route, task, region, now) == expected
+    # A route with no probe in the last 24 h has no median (and no median probe).
+    later = T0 + timedelta(days=5)
+    assert pages_route.e2e_median_24h(route, task, region, later) is None
+
+
+def test_the_24_h_median_counts_the_whole_hour_the_window_starts_in(db: None) -> None:
+    """As the rollups' Stats do: the window's first hour is read whole (its rows hold whole
+    hours), here 300 slow probes that outvote the 240 fast ones after them."""
+    p = f.provider()
+    route = f.route(p, "m1")
+    eu = f.region("eu-west")
+    task = f.task("qa", [route], [eu])
+    slow = [
+        f.payload(task, route, eu, T0 + timedelta(seconds=10 * i), e2e_ms=5000.0)
+        for i in range(300)
+    ]
+    fast = [
+        f.payload(task, route, eu, T0 + timedelta(hours=h, minutes=5 * i), e2e_ms=500.0)
+        for h in range(1, 25)
+        for i in range(10)
+    ]
+    ingest.ingest(slow + fast)
+    now = T0 + timedelta(hours=24, minutes=30)
+    median = pages_route.e2e_median_24h(route, task, eu, now)
+    assert median == pytest.approx(5000, rel=0.03)
+    day = rollups.stats_over(
+        since=now - pages_route.RAW_WINDOW,
+        until=now + timedelta(hours=1),
+        key_fields=["route_id"],
+        all_regions=False,
+        where={"route_id": route.pk, "task_id": task.pk, "region_id": eu.pk},
+    )[(route.pk,)]
+    assert median == day.e2e_ms(50)

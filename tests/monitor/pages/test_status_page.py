@@ -208,3 +208,39 @@ def test_every_page_says_why_a_capped_task_stopped(client: Client, world, teamma
         assert "spend cap: stopped" in page, url
         assert "Probing stopped: monthly spend cap $0.01 reached: $0.0098 spent" in page, url
     assert scheduling.due_slots(now) == []
+
+
+def test_a_region_whose_every_recent_probe_failed_at_the_network_has_a_failed_path(
+    db: None,
+) -> None:
+    """monitoring.path_failures, read from the window's rows through the route index: a
+    region is judged only on its scheduled probes of the last PATH_WINDOW (missed slots, older
+    probes and other regions' probes aside), and one probe that reached its provider clears it."""
+    from monitor.pages import monitoring
+
+    p1, p2 = f.provider("p1"), f.provider("p2")
+    r1, r2 = f.route(p1, "m1"), f.route(p2, "m2")
+    cut, live, alone = f.region("cut"), f.region("live"), f.region("alone")
+    t = f.task("qa", [r1, r2], [cut, live, alone])
+    now = timezone.now()
+    recent = [now - timedelta(seconds=s) for s in (20, 50, 80)]
+    payloads = [
+        f.payload(t, r, g, at, outcome="error", error_kind=kind)
+        for g in (cut, live)
+        for at, kind in zip(recent, ("connect", "dns", "timeout_headers"), strict=True)
+        for r in (r1, r2)
+    ]
+    # The live region reached one provider once; an older success and a missed slot do not
+    # clear the cut one; the third region failed at the network, but to one provider only.
+    payloads.append(f.payload(t, r2, live, now - timedelta(seconds=10)))
+    payloads.append(f.payload(t, r1, cut, now - monitoring.PATH_WINDOW - timedelta(seconds=5)))
+    payloads.append(f.payload(t, r1, cut, now - timedelta(seconds=5), outcome="missed"))
+    payloads += [f.payload(t, r1, alone, at, outcome="error", error_kind="tls") for at in recent]
+    ingest.ingest(payloads)
+    found = monitoring.path_failures(now, [cut.pk, live.pk, alone.pk])
+    assert found == {cut.pk: monitoring.PathFailure(probes=6, providers=2)}
+    # An HTTP error is an answer: the path reached the provider.
+    ingest.ingest(
+        [f.payload(t, r1, cut, now - timedelta(seconds=1), outcome="error", error_kind="http_5xx")]
+    )
+    assert monitoring.path_failures(now, [cut.pk, live.pk, alone.pk]) == {}
