@@ -308,6 +308,9 @@ def _fetch(
             region_sql(sql, region),
             params(task, route, region, grain, first, since, until),
             binary=True,
+            # Never a server-side prepared statement: a connection pooler in transaction
+            # mode (PgBouncer) may give the next read another server session.
+            prepare=False,
         )
         return cursor.fetchall()
 
