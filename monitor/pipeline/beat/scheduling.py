@@ -176,11 +176,16 @@ def plan(now: datetime | None = None) -> list[Dispatch]:
             scenario_slots.append(slot)
         else:
             by_region[slot.region].append(slot)
+    # Scenarios and races first, though sent after the batches: a batch's planned start is
+    # stamped as it is made, and whatever the tick does after that (races.plan claims in the
+    # database) was start lag for the batch's first probes.
+    others = scenarios.dispatches(scenario_slots, cases, now) + races.plan(now, committed, cases)
+    probes = {region: [probe_message(s, cases[s.task.pk]) for s in slots] for region, slots in by_region.items()}  # fmt: skip
     dispatches = []
     for region, slots in by_region.items():
         batch: ProbeBatch = {
             "region": region.slug,
-            "probes": [probe_message(s, cases[s.task.pk]) for s in slots],
+            "probes": probes[region],
             # Starts spread over one tick from now: what each probe's start lag is measured
             # against (monitor.pipeline.region.worker.planned_starts).
             "planned_at": time.time(),
@@ -197,5 +202,4 @@ def plan(now: datetime | None = None) -> list[Dispatch]:
                 tally=len(slots),
             )
         )
-    dispatches += scenarios.dispatches(scenario_slots, cases, now)
-    return dispatches + races.plan(now, committed, cases)
+    return dispatches + others

@@ -15,6 +15,7 @@ from django.utils import timezone
 from monitor.models import EvalCase, RaceRun
 from monitor.pipeline.beat import races, scheduling
 from monitor.pipeline.ingest import races as ingest_races
+from monitor.pipeline.messages import RUN_PROBE_BATCH, RUN_RACE
 from monitor.pipeline.region import worker
 from simulator.testing import SimulatorProcess
 from tests.monitor import factories as f
@@ -23,8 +24,7 @@ from tests.sim_fixtures import OPENAI_KEY, sim  # noqa: F401 (fixture)
 NOW = datetime(2026, 11, 2, 10, 0, 30, tzinfo=UTC)
 
 
-@pytest.fixture
-def world(db: None, settings):
+def _world(settings):
     # A grace as long as the race interval: a new schedule's current race is never too late
     # to start (monitor.pipeline.beat.slots.starts_later), whatever its phase.
     settings.SLOT_GRACE_SECONDS = 300
@@ -33,6 +33,11 @@ def world(db: None, settings):
     regions = [f.region(s) for s in ("eu-west", "us-east")]
     t = f.task("qa", routes, regions, probe_interval_s=60, race_interval_s=300)
     return t, routes, regions
+
+
+@pytest.fixture
+def world(db: None, settings):
+    return _world(settings)
 
 
 def test_a_race_is_dispatched_once_per_region_even_by_two_schedulers(world) -> None:
@@ -156,3 +161,20 @@ def test_a_race_against_real_routes_is_won_by_the_fastest_valid_answer_and_store
     slow_row = body[body.index(f'<tr data-route="{slow.pk}">') :].split("</tr>")[0]
     assert '<td class="num" data-cancelled>1</td>' in slow_row
     assert '<td class="num" data-failed>0</td>' in slow_row
+
+
+def test_a_batchs_planned_start_is_stamped_after_the_races_are_planned(
+    transactional_db: None, settings
+) -> None:
+    """What the tick does after stamping a batch's planned start is start lag for its first
+    probes: races (claimed in the database) are planned before the batches are stamped. (Each
+    claim its own transaction, so a race's started_at, now(), is when it was claimed.)"""
+    _world(settings)
+    dispatches = scheduling.plan(timezone.now())
+    batches = [d.message for d in dispatches if d.task_name == RUN_PROBE_BATCH]
+    raced = list(RaceRun.objects.values_list("started_at", flat=True))
+    assert len(batches) == 2  # one per region
+    assert len(raced) == 2
+    assert all(b["planned_at"] >= max(raced).timestamp() for b in batches)
+    # Still sent batches first, then the races.
+    assert [d.task_name for d in dispatches] == [RUN_PROBE_BATCH] * 2 + [RUN_RACE] * 2
