@@ -260,3 +260,33 @@ def test_each_address_family_connects_and_only_ip_sockets_take_kernel_stamps(
     assert ip_family("::1") == socket.AF_INET6
     assert ip_family("127.0.0.1") == socket.AF_INET
     assert ip_family("localhost") is None
+
+
+def test_a_pooled_connection_the_server_closed_is_closed_by_the_pool_when_next_asked() -> None:
+    # The pool skips httpcore2's cancellation shield when it has nothing to close
+    # (transport._Pool._close_connections); what it has to close, it still closes.
+    async def answer_then_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()  # after a keep-alive response: the client's connection goes idle first
+
+    async def go() -> tuple[AsyncioStream, AsyncioStream, bytes]:
+        server, port = await _serve(answer_then_close)
+        client = make_client(False, True, cleartext=True)
+        streams = []
+        for _ in range(2):
+            async with client.stream("GET", f"http://127.0.0.1:{port}/") as response:
+                body = b"".join([chunk async for chunk in body_chunks(response)])
+                streams.append(response.extensions["network_stream"])
+            await asyncio.sleep(0.05)  # the server's close reaches the idle connection
+        first, second = streams
+        first_closed = first._conn.closed
+        await client.aclose()
+        server.close()
+        assert first_closed, "the pool left the closed-by-server connection open"
+        return first, second, body
+
+    first, second, body = asyncio.run(go())
+    assert first is not second
+    assert body == b"ok"
