@@ -14,7 +14,13 @@ import httpcore2
 import httpx2
 import pytest
 
-from probes.netstream import READ_HIGH_WATER, READ_SIZE, AsyncioBackend, AsyncioStream
+from probes.netstream import (
+    READ_HIGH_WATER,
+    READ_SIZE,
+    AsyncioBackend,
+    AsyncioStream,
+    ip_family,
+)
 from probes.transport import arrival_clock, body_chunks, make_client
 from simulator.testing import SimulatorProcess
 
@@ -211,3 +217,76 @@ def test_the_client_connects_through_our_backend_and_raises_httpx2_errors() -> N
         )
 
     asyncio.run(go())
+
+
+def test_each_address_family_connects_and_only_ip_sockets_take_kernel_stamps(
+    tmp_path: Path,
+) -> None:
+    # The family is passed down from where the socket is made (netstream.ip_family, cached),
+    # not read back from the socket: each kind of address must still get its own.
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"hi")
+        await writer.drain()
+        writer.close()
+
+    async def go() -> list[tuple[int, bool, bytes]]:
+        v4 = await asyncio.start_server(answer, "127.0.0.1", 0)
+        v6 = await asyncio.start_server(answer, "::1", 0)
+        unix = await asyncio.start_unix_server(answer, str(tmp_path / "s"))
+        seen: list[tuple[int, bool, bytes]] = []
+        for connect in (
+            lambda: AsyncioBackend().connect_tcp("127.0.0.1", v4.sockets[0].getsockname()[1]),
+            lambda: AsyncioBackend().connect_tcp("::1", v6.sockets[0].getsockname()[1]),
+            lambda: AsyncioBackend().connect_unix_socket(str(tmp_path / "s")),
+        ):
+            for _ in range(2):  # the second time from ip_family's cache
+                stream = await connect()
+                assert isinstance(stream, AsyncioStream)
+                data = await stream.read(16)
+                seen.append((stream._conn.sock.family, stream._conn.kernel_stamps, data))
+                await stream.aclose()
+        for server in (v4, v6, unix):
+            server.close()
+        return seen
+
+    assert asyncio.run(go()) == [
+        (socket.AF_INET, True, b"hi"),
+        (socket.AF_INET, True, b"hi"),
+        (socket.AF_INET6, True, b"hi"),
+        (socket.AF_INET6, True, b"hi"),
+        (socket.AF_UNIX, False, b"hi"),
+        (socket.AF_UNIX, False, b"hi"),
+    ]
+    assert ip_family("::1") == socket.AF_INET6
+    assert ip_family("127.0.0.1") == socket.AF_INET
+    assert ip_family("localhost") is None
+
+
+def test_a_pooled_connection_the_server_closed_is_closed_by_the_pool_when_next_asked() -> None:
+    # The pool skips httpcore2's cancellation shield when it has nothing to close
+    # (transport._Pool._close_connections); what it has to close, it still closes.
+    async def answer_then_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()  # after a keep-alive response: the client's connection goes idle first
+
+    async def go() -> tuple[AsyncioStream, AsyncioStream, bytes]:
+        server, port = await _serve(answer_then_close)
+        client = make_client(False, True, cleartext=True)
+        streams = []
+        for _ in range(2):
+            async with client.stream("GET", f"http://127.0.0.1:{port}/") as response:
+                body = b"".join([chunk async for chunk in body_chunks(response)])
+                streams.append(response.extensions["network_stream"])
+            await asyncio.sleep(0.05)  # the server's close reaches the idle connection
+        first, second = streams
+        first_closed = first._conn.closed
+        await client.aclose()
+        server.close()
+        assert first_closed, "the pool left the closed-by-server connection open"
+        return first, second, body
+
+    first, second, body = asyncio.run(go())
+    assert first is not second
+    assert body == b"ok"
