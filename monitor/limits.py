@@ -15,13 +15,19 @@ import os
 PROBE_TIMEOUT_MAX_S = 900
 # A region batch spreads its starts over at most this (monitor.pipeline.region.worker).
 BATCH_SPREAD_MAX_S = 10
+# The tick claims slots at most this far ahead of their time (SCHEDULE_AHEAD_SECONDS): a batch
+# waits for its first start at most this long (monitor.pipeline.beat.scheduling).
+SCHEDULE_AHEAD_MAX_S = 60
 # After its last probe ends, a batch grades answers and publishes its results (a publish that
 # fails goes to the local spool after a few seconds of retries).
 AFTER_PROBES_S = 60
 
-# A region task (a batch or a race) runs for at most spread + deadline + grading; its soft
-# limit cancels what is still running, its hard limit kills the process a little later.
-REGION_TASK_SOFT_LIMIT_S = BATCH_SPREAD_MAX_S + PROBE_TIMEOUT_MAX_S + AFTER_PROBES_S
+# A region task (a batch or a race) runs for at most its wait for its slots' times, spread,
+# deadline and grading; its soft limit cancels what is still running, its hard limit kills the
+# process a little later.
+REGION_TASK_SOFT_LIMIT_S = (
+    SCHEDULE_AHEAD_MAX_S + BATCH_SPREAD_MAX_S + PROBE_TIMEOUT_MAX_S + AFTER_PROBES_S
+)
 REGION_TASK_HARD_LIMIT_S = REGION_TASK_SOFT_LIMIT_S + 30
 
 # Ingest retries a database error with exponential backoff capped here; a retry waits in the

@@ -114,6 +114,16 @@ try:
     EXPORT_MAX_ROWS = envint("EXPORT_MAX_ROWS", 100_000, minimum=1)
     PROVIDER_ALLOW_PRIVATE_NETWORKS = envbool("PROVIDER_ALLOW_PRIVATE_NETWORKS", False)
     TICK_SECONDS = envint("TICK_SECONDS", 10, minimum=1, maximum=3600)
+    # The tick claims each probe slot this long before its time and sends it at once; the
+    # region worker starts the probe at the slot's time. A slow tick or a queue's wait then
+    # delays no probe, as long as they take less than this less one tick (docs/schedules.md).
+    # Two ticks by default; 0 claims slots only once their time has come.
+    SCHEDULE_AHEAD_SECONDS = envint(
+        "SCHEDULE_AHEAD_SECONDS",
+        min(2 * TICK_SECONDS, limits.SCHEDULE_AHEAD_MAX_S),
+        minimum=0,
+        maximum=limits.SCHEDULE_AHEAD_MAX_S,
+    )
     ALERT_EVALUATION_SECONDS = envint("ALERT_EVALUATION_SECONDS", 30, minimum=1, maximum=3600)
     RAW_RETENTION_DAYS = envint("RAW_RETENTION_DAYS", 90, minimum=1)
     # Closed slots are bookkeeping (the result rows hold the outcome): kept this long, so a

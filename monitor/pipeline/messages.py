@@ -116,6 +116,10 @@ class ProbeBatch(TypedDict):
     # each probe's start lag against that (a batch without them is planned on arrival).
     planned_at: NotRequired[float]
     window_s: NotRequired[float]
+    # True: the tick claimed the slots ahead of their time, and each probe is planned at its
+    # slot's time instead; those whose time had come when the tick planned the batch, i of n,
+    # at planned_at + i * window_s / n (monitor.pipeline.region.worker.planned_starts).
+    at_slots: NotRequired[bool]
 
 
 class RaceKey(TypedDict):
@@ -305,7 +309,7 @@ _LANE_DEFAULTS: dict[str, Any] = {
 
 def probe_batch_to_json(batch: ProbeBatch) -> JsonObject:
     out: JsonObject = {"region": batch["region"], "probes": [dict(p) for p in batch["probes"]]}
-    for key in ("planned_at", "window_s"):
+    for key in ("planned_at", "window_s", "at_slots"):
         if key in batch:
             out[key] = batch[key]
     return out
@@ -380,6 +384,10 @@ def probe_batch_from_json(
         ):
             raise ContractError(f"batch.{key}: expected a finite number >= 0")
         batch[key] = float(value)
+    at_slots = obj.get("at_slots")
+    if at_slots is not None:
+        _check(at_slots, bool, "batch.at_slots")
+        batch["at_slots"] = bool(at_slots)
     return batch
 
 

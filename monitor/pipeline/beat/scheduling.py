@@ -7,6 +7,12 @@ two beats ticking at once still send each slot once. Slots the scheduler could n
 while it was down are created late and, once past their deadline, recorded missed by the
 sweep, never silently absent (up to slots.MAX_CATCH_UP back).
 
+Probe slots are claimed ahead of their time (settings.SCHEDULE_AHEAD_SECONDS, two ticks by
+default) and sent at once; the region worker starts each probe at its slot's time. So a tick
+that runs slow (a busy database) or a message that waits in a queue delays no probe and expires
+no batch, as long as they take less than the look-ahead less one tick; the start lag measures the
+region alone. Scenario slots are claimed when their time comes (a run starts as it arrives).
+
 `plan(now)` returns the messages to send (monitor.pipeline.messages.Dispatch); monitor.tasks
 sends them, so the scheduler never imports the tasks that import it.
 """
@@ -15,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from functools import partial
 from typing import Any
@@ -74,11 +80,15 @@ def latest_slots() -> dict[tuple[int, int, int], datetime]:
         return {(t, r, g): last for t, r, g, last in cursor.fetchall() if last is not None}
 
 
-def due_slots(now: datetime, committed: dict[int, Decimal] | None = None) -> list[Slot]:
-    """The slots to create now. `committed` (spent plus in flight, per task; read here when not
-    given) grows by each in-time slot's estimated cost as it is taken, so the cap holds within
-    the tick: a task stops taking slots at the first that would pass its cap. Slots already too
-    late to send (slots.in_time) cost nothing: `plan` records them missed unsent."""
+def due_slots(
+    now: datetime, committed: dict[int, Decimal] | None = None, ahead_s: float = 0.0
+) -> list[Slot]:
+    """The slots to create now: those whose time has come, and a probe task's up to `ahead_s`
+    ahead (a scenario's only once its time has come: it starts as it arrives). `committed`
+    (spent plus in flight, per task; read here when not given) grows by each in-time slot's
+    estimated cost as it is taken, so the cap holds within the tick: a task stops taking slots
+    at the first that would pass its cap. Slots already too late to send (slots.in_time) cost
+    nothing: `plan` records them missed unsent."""
     if committed is None:
         committed = spend.committed_by_task(now)
     tasks = Task.objects.filter(is_active=True).prefetch_related(
@@ -87,8 +97,10 @@ def due_slots(now: datetime, committed: dict[int, Decimal] | None = None) -> lis
     latest = latest_slots()
     usage = spend.usage_if_capped(tasks, now)
     slots: list[Slot] = []
+    ahead = timedelta(seconds=max(0.0, ahead_s))
     for task in tasks:
         capped = False
+        horizon = now if task.is_scenario else now + ahead
         for route in task.routes.all():
             if capped:
                 break
@@ -102,7 +114,7 @@ def due_slots(now: datetime, committed: dict[int, Decimal] | None = None) -> lis
                     continue
                 phase = phase_s(task.pk, route.pk, region.pk, task.probe_interval_s)
                 after = latest.get((task.pk, route.pk, region.pk))
-                for at in slot_times(now, task.probe_interval_s, phase, after):
+                for at in slot_times(horizon, task.probe_interval_s, phase, after):
                     if after is None and starts_later(at, now):
                         continue
                     if in_time(at, now):
@@ -150,14 +162,17 @@ def active_eval_cases() -> dict[int, list[EvalCase]]:
     return cases
 
 
-def plan(now: datetime | None = None) -> list[Dispatch]:
-    """Claim the due slots and races; return what to send for them: one batch per region,
+def plan(now: datetime | None = None, ahead_s: float | None = None) -> list[Dispatch]:
+    """Claim the due slots (probe slots up to `ahead_s`, SCHEDULE_AHEAD_SECONDS unless
+    given, ahead of their time) and races; return what to send for them: one batch per region,
     then one message per race. monitor.tasks sends them (this module never touches the
     broker), so a slot claimed here is sent by the tick that claimed it, or by nobody."""
     now = now or timezone.now()
+    if ahead_s is None:
+        ahead_s = float(settings.SCHEDULE_AHEAD_SECONDS)
     committed = spend.committed_if_capped(now)
     with transaction.atomic():
-        claimed = claim(due_slots(now, committed))
+        claimed = claim(due_slots(now, committed, ahead_s))
         # Too late to make their deadline (the scheduler was down): recorded missed at once,
         # never sent, never paid for.
         late = [s for s in claimed if not in_time(s.slot_at, now)]
@@ -178,7 +193,7 @@ def plan(now: datetime | None = None) -> list[Dispatch]:
             by_region[slot.region].append(slot)
     # Scenarios and races first, though sent after the batches: a batch's planned start is
     # stamped as it is made, and whatever the tick does after that (races.plan claims in the
-    # database) was start lag for the batch's first probes.
+    # database) would be start lag for the probes of slots whose time had already come.
     others = scenarios.dispatches(scenario_slots, cases, now) + races.plan(now, committed, cases)
     probes = {region: [probe_message(s, cases[s.task.pk]) for s in slots] for region, slots in by_region.items()}  # fmt: skip
     dispatches = []
@@ -186,10 +201,12 @@ def plan(now: datetime | None = None) -> list[Dispatch]:
         batch: ProbeBatch = {
             "region": region.slug,
             "probes": probes[region],
-            # Starts spread over one tick from now: what each probe's start lag is measured
-            # against (monitor.pipeline.region.worker.planned_starts).
+            # Each probe starts at its slot's time; those whose time has already come (a tick
+            # that ran late, a scheduler catching up), spread over one tick from now. What each
+            # probe's start lag is measured against (monitor.pipeline.region.worker.planned_starts).
             "planned_at": time.time(),
             "window_s": float(min(settings.TICK_SECONDS, limits.BATCH_SPREAD_MAX_S)),
+            "at_slots": True,
         }
         dispatches.append(
             Dispatch(

@@ -390,14 +390,30 @@ def _bound_s(prepared: list[tuple[ProbeMessage, ProbeSpec]], last_start_s: float
     )
 
 
-def planned_starts(batch: ProbeBatch, n: int, received_at: float) -> list[float]:
-    """Each probe's planned start (Unix time): spread over the batch's window from when the
-    tick planned it, or from its arrival for a batch that does not say (an older scheduler)."""
+def planned_starts(
+    batch: ProbeBatch, messages: list[ProbeMessage], received_at: float
+) -> list[float]:
+    """Each probe's planned start (Unix time, the central clock). A batch whose slots the tick
+    claimed ahead (`at_slots`) plans each probe at its slot's time, and those whose time had
+    already come when the tick planned the batch (a tick that ran late, a scheduler catching
+    up) spread over the batch's window from then. An older batch spreads them all over its
+    window from when the tick planned it, or from its arrival when it does not say."""
     window_s = float(batch.get("window_s", min(settings.TICK_SECONDS, limits.BATCH_SPREAD_MAX_S)))
     window_s = min(max(0.0, window_s), float(limits.BATCH_SPREAD_MAX_S))
     start = float(batch.get("planned_at", received_at))
-    step = window_s / n if n else 0.0
-    return [start + i * step for i in range(n)]
+    if not batch.get("at_slots"):
+        step = window_s / len(messages) if messages else 0.0
+        return [start + i * step for i in range(len(messages))]
+    # Never further ahead than the tick may claim (a bound on how long a batch holds a thread).
+    latest = start + limits.SCHEDULE_AHEAD_MAX_S
+    planned = [
+        min(datetime.fromisoformat(m["slot"]["slot_at"]).timestamp(), latest) for m in messages
+    ]
+    overdue = [i for i, at in enumerate(planned) if at < start]
+    step = window_s / len(overdue) if overdue else 0.0
+    for k, i in enumerate(overdue):
+        planned[i] = start + k * step
+    return planned
 
 
 async def _probe_all(
@@ -513,9 +529,9 @@ def run_batch(
         except Unusable as exc:
             payloads.append(error_payload(message, Kind.CONFIG, str(exc)))
     if prepared:
-        # Starts spread over the tick's window (no burst of simultaneous sends), as planned.
-        planned = planned_starts(batch, len(prepared), received_at)
-        bound = _bound_s(prepared, planned[-1] - clock.now())
+        # Each probe at its slot's time, or spread over the tick's window, as planned.
+        planned = planned_starts(batch, [m for m, _ in prepared], received_at)
+        bound = _bound_s(prepared, max(planned) - clock.now())
         if emit is None:
             payloads.extend(run_on_loop(_probe_all(prepared, planned), bound))
         else:

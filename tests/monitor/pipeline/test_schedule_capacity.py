@@ -10,7 +10,7 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +96,7 @@ def _one_row_per_slot() -> bool:
 
 
 @pytest.fixture
-def slow_and_fast(tmp_path: Path) -> Iterator[tuple[ProcessStack, dict[str, Task]]]:
+def slow_and_fast(tmp_path: Path) -> Iterator[tuple[ProcessStack, dict[str, Task], datetime]]:
     """Beat ticking every second; one task with a route that takes a minute to answer and 20
     fast routes, every 10 s; a 10-call scenario on a route that takes 5 s a call."""
     with SimulatorProcess(CONFIGS / "test.toml") as sim:
@@ -130,13 +130,15 @@ def slow_and_fast(tmp_path: Path) -> Iterator[tuple[ProcessStack, dict[str, Task
             slot = Slot(agent, agent_route, region, timezone.now())
             assert scheduling.claim([slot]) == [slot]
             assert tasks.send(scenarios.dispatches([slot], {}, timezone.now())) == {REGION: 1}
-            yield s, {"mixed": mixed, "agent": agent}
+            # (Beat may add a slot of its own to the scenario's schedule when its phase falls
+            # within the test: the test judges this one.)
+            yield s, {"mixed": mixed, "agent": agent}, slot.slot_at
 
 
 def test_a_minute_long_probe_and_a_long_scenario_delay_no_other_probe(
-    slow_and_fast: tuple[ProcessStack, dict[str, Task]],
+    slow_and_fast: tuple[ProcessStack, dict[str, Task], datetime],
 ) -> None:
-    stack, world = slow_and_fast
+    stack, world, agent_at = slow_and_fast
     mixed, agent = world["mixed"], world["agent"]
     slow_route = mixed.routes.get(model_id="reasoner-60s")
 
@@ -146,7 +148,7 @@ def test_a_minute_long_probe_and_a_long_scenario_delay_no_other_probe(
 
     def scenario_done() -> bool:
         _fresh()
-        return ScenarioResult.objects.filter(task=agent).exists()
+        return ScenarioResult.objects.filter(task=agent, slot_at=agent_at).exists()
 
     assert support.wait_until(slow_answered, 150, interval_s=1), stack.logs()
     assert support.wait_until(scenario_done, 90, interval_s=1), stack.logs()
@@ -190,13 +192,13 @@ def test_a_minute_long_probe_and_a_long_scenario_delay_no_other_probe(
     )
 
     # The scenario ran all its calls to the end, on the same worker, meanwhile.
-    scenario = ScenarioResult.objects.get(task=agent)
+    scenario = ScenarioResult.objects.get(task=agent, slot_at=agent_at)
     calls = ProbeResult.objects.filter(scenario=scenario).order_by("step")
     assert scenario.outcome == "ok", scenario.error_detail
     assert [c.step for c in calls] == list(range(10))
     assert scenario.app_e2e_ms is not None
     assert scenario.app_e2e_ms >= 50_000
-    assert ProbeSlot.objects.get(task=agent).status == "done"
+    assert ProbeSlot.objects.get(task=agent, slot_at=agent_at).status == "done"
     overlapping = ProbeResult.objects.filter(
         task=mixed, started_at__gte=scenario.started_at, outcome="ok"
     ).exclude(route=slow_route)
@@ -254,7 +256,8 @@ def test_a_worker_killed_with_hundreds_of_probes_in_flight_keeps_what_ended_and_
             s.start("ingest", support.celery("worker", "-Q", "schedule,ingest,default", "-c", "2"))
             s.start("region", support.region_worker(REGION, "rw@%h"), _region_env(keys))
             assert support.wait_until(lambda: "ready" in s.log("region"), 30), s.logs()
-            sent = tasks.send(scheduling.plan())
+            # Only the slots whose time has come (none claimed ahead): all in flight at once.
+            sent = tasks.send(scheduling.plan(ahead_s=0))
             assert sent.get(REGION) == 15 * 23, sent
 
             def carrying() -> int:
@@ -330,3 +333,54 @@ def test_a_probe_past_its_start_bound_is_not_sent_and_its_slot_is_missed_with_it
     assert ProbeSlot.objects.get(task=t).status == "missed"
     schedule = health.schedules(timezone.now(), timedelta(hours=1))[g.pk]
     assert (schedule.probed, schedule.missed, schedule.late) == (0, 1, 1)
+
+
+# --- slots claimed ahead, a batch that comes late ----------------------------------------------
+
+
+def test_a_probe_claimed_ahead_starts_at_its_slots_time_however_late_its_batch_comes(
+    settings: Any,
+) -> None:
+    """The tick claims slots ahead of their time; this batch reaches the worker 3 s after the
+    tick planned it (a slow tick, a queue's wait). A probe whose slot's time was still to come
+    starts at that time, never before it, with its lag measured from it; one whose time came
+    while the batch waited has the wait as its lag; one already due when the tick planned the
+    batch starts from then. Every slot ends with its result, none missed."""
+    settings.PROVIDER_ALLOW_PRIVATE_NETWORKS = True
+    with SimulatorProcess(CONFIGS / "test.toml") as sim:
+        g, _ = _region_keys()
+        p = _providers(sim, "fastchip", 1, FAST_KEY)[0]
+        r = f.route(p, "fast-small")
+        t = f.task("ahead", [r], [g], probe_interval_s=60, probe_timeout_s=30)
+        planned_at = time.time()
+        at = [
+            timezone.now() + timedelta(seconds=s) for s in (-2, 1, 4, 5.5, 7)
+        ]  # due, due while waiting, three to come
+        claimed = [Slot(t, r, g, a) for a in at]
+        assert scheduling.claim(claimed) == claimed
+        batch: ProbeBatch = {
+            "region": g.slug,
+            "probes": [probe_message(s, []) for s in claimed],
+            "planned_at": planned_at,
+            "window_s": 2.0,
+            "at_slots": True,
+        }
+        time.sleep(max(0.0, planned_at + 3 - time.time()))
+        came_at = time.time()
+        sent = worker.run_batch(probe_batch_to_json(batch))
+    assert [s["outcome"] for s in sent] == ["ok"] * 5, sent
+    by_slot = {s["slot_at"]: s for s in sent}
+    for when in at:
+        out = by_slot[when.isoformat()]
+        slot_s = when.timestamp()
+        started_s = datetime.fromisoformat(out["started_at"]).timestamp()
+        lag_s = (out.get("start_lag_ms") or 0) / 1000
+        if slot_s > came_at:  # to come: started at its time, not on arrival
+            assert started_s >= slot_s - 0.01, (when, started_s - slot_s)
+            assert lag_s == pytest.approx(started_s - slot_s, abs=0.1)
+        elif slot_s >= planned_at:  # came while the batch waited: the wait is its lag
+            assert lag_s >= came_at - slot_s - 0.01
+        else:  # already due when planned: from the tick's plan, first of the spread
+            assert lag_s >= came_at - planned_at - 0.01
+    assert ingest.ingest(sent) == 5
+    assert set(ProbeSlot.objects.filter(task=t).values_list("status", flat=True)) == {"done"}

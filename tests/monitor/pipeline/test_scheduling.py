@@ -2,10 +2,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from itertools import pairwise
 
 import pytest
 
-from monitor.models import ProbeSlot
+from monitor.models import ProbeSlot, ScenarioStep
 from monitor.pipeline.beat import scheduling, slots
 from monitor.pipeline.ingest import results as ingest
 from monitor.stats import spend
@@ -51,6 +52,33 @@ def test_frequent_ticks_make_exactly_one_slot_per_interval(world) -> None:
             )
         )
         assert times[1] - times[0] == timedelta(seconds=60)
+
+
+def test_probe_slots_are_claimed_ahead_of_their_time_once_and_a_scenarios_only_when_due(
+    world,
+) -> None:
+    t, routes, regions = world
+    t.probe_interval_s = 10
+    t.save()
+    agent = f.task("agent", routes[:1], regions[:1], probe_interval_s=10)
+    ScenarioStep.objects.create(task=agent, order=0, prompt_template="Act.", max_tokens=20)
+    ahead = timedelta(seconds=20)
+    for second in range(0, 31, 5):  # ticks every 5 s, each claiming 20 s ahead
+        at = NOW + timedelta(seconds=second)
+        claimed = scheduling.claim(scheduling.due_slots(at, ahead_s=20))
+        assert all(s.slot_at <= at + ahead for s in claimed)
+        assert all(s.slot_at <= at for s in claimed if s.task == agent)
+    # Every probe combination has each of its slots up to NOW + 50, every 10 s, once; the
+    # scenario's only up to NOW + 30.
+    for key in {(s.task_id, s.route_id, s.region_id) for s in ProbeSlot.objects.all()}:
+        times = sorted(
+            ProbeSlot.objects.filter(task_id=key[0], route_id=key[1], region_id=key[2]).values_list(
+                "slot_at", flat=True
+            )
+        )
+        assert all(b - a == timedelta(seconds=10) for a, b in pairwise(times))
+        horizon = NOW + timedelta(seconds=30) + (ahead if key[0] == t.pk else timedelta(0))
+        assert horizon - timedelta(seconds=10) < times[-1] <= horizon
 
 
 def test_slots_skipped_while_the_scheduler_was_down_become_missed(world) -> None:
