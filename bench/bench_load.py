@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import json
 import os
 import re
@@ -359,10 +358,12 @@ def _idle_pages() -> tuple[Pages, list[tuple[str, str]], Any]:
     from django.contrib.auth.models import User
     from django.test import Client
 
+    from monitor import heap
+
     user, _ = User.objects.get_or_create(username="bench-load", is_staff=True)
     client = Client(SERVER_NAME="localhost")
     client.force_login(user)
-    gc.freeze()  # as monitor.wsgi does once the application is loaded
+    heap.settle()  # as monitor.wsgi does once the application is loaded
     idle.once(client, urls)  # warm: templates compiled, caches filled, as on a running server
     idle.times.clear()
     for _ in range(10):

@@ -11,6 +11,7 @@ from typing import Any
 
 from django.db import connection
 
+from monitor import heap
 from tests import support
 
 WORKER = """
@@ -27,9 +28,29 @@ cached = sorted(loader.get_template_cache)
 frozen, unfrozen = gc.get_freeze_count(), len(gc.get_objects())
 # What the first requests would load: nothing new once warmed.
 monitor.wsgi.warm()
+threshold = gc.get_threshold()
+
+
+def full_passes_in_reads(young):
+    # 40 reads, each holding 15,000 tracked objects (a route page's rows, histograms and
+    # contexts) until it ends; the full passes the collector starts meanwhile.
+    gc.collect()
+    gc.set_threshold(young, threshold[1], threshold[2])
+    passes = []
+    hook = lambda phase, info: passes.append(1) if phase == "start" and info["generation"] == 2 else None
+    gc.callbacks.append(hook)
+    for _ in range(40):
+        read = [{"hour": i, "pairs": [i, i + 1]} for i in range(7_500)]
+        del read
+    gc.callbacks.remove(hook)
+    return len(passes)
+
+
 print(json.dumps({
     "cached": cached, "again": len(loader.get_template_cache), "frozen": frozen,
     "unfrozen": unfrozen, "urls_loaded": "url_patterns" in get_resolver().__dict__,
+    "threshold": threshold, "passes": full_passes_in_reads(threshold[0]),
+    "passes_at_700": full_passes_in_reads(700),
 }))
 """
 
@@ -65,3 +86,12 @@ def test_a_worker_compiles_every_template_and_freezes_it_with_what_it_loaded() -
     # pass to walk right after the start is a small fraction of it.
     assert found["frozen"] > 100_000
     assert found["unfrozen"] < found["frozen"] // 20
+
+
+def test_a_worker_collects_young_objects_rarely_enough_that_a_read_starts_no_full_pass() -> None:
+    """At CPython's 700, a read's objects still in use are promoted mid-read and start full
+    passes (monitor.heap); at the web process's threshold, far fewer."""
+    found = _worker()
+    assert found["threshold"][0] == heap.YOUNG_THRESHOLD
+    assert found["passes_at_700"] >= 5
+    assert found["passes"] * 5 <= found["passes_at_700"], found
