@@ -213,8 +213,12 @@ def pending() -> int:
 
 def drain(publish: Callable[[SpoolEntry], None]) -> int:
     """Publish spooled messages oldest first; stop at the first that fails (the broker is still
-    away). Returns how many were published."""
+    away). Returns how many were published. First, drops counted while the disk was full are
+    written to the counter (the next drop would write them too, but there may be none)."""
     path = directory()
+    if _unwritten:
+        with contextlib.suppress(OSError):
+            _add_dropped(path, 0)
     _reclaim_abandoned(path)
     sent = 0
     for f in _entries(path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,23 @@ def test_a_full_spool_drops_its_oldest_and_counts_them(spool_dir, caplog) -> Non
     spool.save("results", [{"n": 9, "text": "x" * 9000}], 1)
     spool.save("results", [{"n": 10, "text": "y" * 9000}], 1)
     assert spool.pending() == 1
+
+
+def test_drops_the_counter_could_not_take_are_written_by_the_next_drain(spool_dir) -> None:
+    """A drop counted while the counter could not be written (the disk full; here its
+    temporary file's name taken by a directory) reaches the file at the next drain, not only
+    at a next drop, which may never come."""
+    spool_dir.mkdir(parents=True, exist_ok=True)
+    blocker = spool_dir / f".{spool._DROPPED_FILE}.{os.getpid()}.tmp"
+    blocker.mkdir()
+    try:
+        assert spool.record_dropped("results", 2, OSError(28, "No space left on device")) == 2
+        assert not (spool_dir / spool._DROPPED_FILE).exists()
+    finally:
+        blocker.rmdir()
+    spool.drain(lambda entry: None)
+    assert (spool_dir / spool._DROPPED_FILE).read_text() == "2"
+    assert spool.dropped_total() == 2
 
 
 def test_a_claim_left_by_a_dead_process_is_taken_back(spool_dir) -> None:
