@@ -401,14 +401,15 @@ def planned_starts(
     window_s = float(batch.get("window_s", min(settings.TICK_SECONDS, limits.BATCH_SPREAD_MAX_S)))
     window_s = min(max(0.0, window_s), float(limits.BATCH_SPREAD_MAX_S))
     start = float(batch.get("planned_at", received_at))
-    if not batch.get("at_slots"):
-        step = window_s / len(messages) if messages else 0.0
-        return [start + i * step for i in range(len(messages))]
-    # Never further ahead than the tick may claim (a bound on how long a batch holds a thread).
-    latest = start + limits.SCHEDULE_AHEAD_MAX_S
-    planned = [
-        min(datetime.fromisoformat(m["slot"]["slot_at"]).timestamp(), latest) for m in messages
-    ]
+    if batch.get("at_slots"):
+        # Never further ahead than the tick may claim (a bound on how long a batch holds a
+        # thread).
+        latest = start + limits.SCHEDULE_AHEAD_MAX_S
+        planned = [
+            min(datetime.fromisoformat(m["slot"]["slot_at"]).timestamp(), latest) for m in messages
+        ]
+    else:
+        planned = [0.0] * len(messages)  # an older batch: every probe spread from `start`
     overdue = [i for i, at in enumerate(planned) if at < start]
     step = window_s / len(overdue) if overdue else 0.0
     for k, i in enumerate(overdue):
