@@ -330,9 +330,17 @@ def _open_and_run(
         return key_id, run(key_id, body)
 
 
-def _reply(key_id: str, kind: str, spool_kind: spool.SpoolKind, body: object, count: int) -> None:
-    """Results leave signed with the key that opened their message (spooled ones too)."""
-    publish_or_spool(spool_kind, signing.seal_results(key_id, kind, body), count)
+def _reply(
+    key_id: str,
+    kind: str,
+    spool_kind: spool.SpoolKind,
+    body: object,
+    count: int,
+    issued_at: float | None = None,
+) -> None:
+    """Results leave signed with the key that opened their message (spooled ones too), sealed
+    as of `issued_at` (central time: when they were in hand) or now."""
+    publish_or_spool(spool_kind, signing.seal_results(key_id, kind, body, issued_at), count)
 
 
 @shared_task(name=RUN_PROBE_BATCH, **REGION_TASK_OPTIONS)  # "monitor.tasks.run_probe_batch"
@@ -358,13 +366,16 @@ def run_probe_batch(batch: dict[str, Any]) -> int:
     return 0 if done is None else done[1]
 
 
-def _send_results(key_id: str, results: list[ResultPayload]) -> None:
-    _reply(key_id, signing.KIND_RESULTS, "results", results_to_json(results), len(results))
+def _send_results(key_id: str, results: list[ResultPayload], handed_at: float) -> None:
+    _reply(
+        key_id, signing.KIND_RESULTS, "results", results_to_json(results), len(results), handed_at
+    )
 
 
-# monitor.pipeline.region.outbox: a region worker process's results, from all of its batches.
+# monitor.pipeline.region.outbox: a region worker process's results, from all of its batches,
+# sealed as of when their batches handed them over (central time), not when they leave.
 RESULTS_OUTBOX: outbox.Outbox[ResultPayload] = outbox.Outbox(
-    _send_results, float(settings.RESULT_FLUSH_SECONDS)
+    _send_results, float(settings.RESULT_FLUSH_SECONDS), clock.now
 )
 # How often a running batch hands its ended probes to the outbox (cheap: a list append).
 HAND_OVER_SECONDS = 0.25

@@ -125,15 +125,22 @@ def _signature(key: RegionSecret, envelope: Mapping[str, Any]) -> str:
 
 
 def seal(
-    key: RegionSecret, region: str, kind: str, body: object, expires_at: float | None
+    key: RegionSecret,
+    region: str,
+    kind: str,
+    body: object,
+    expires_at: float | None,
+    issued_at: float | None = None,
 ) -> dict[str, Any]:
+    """`body` signed with `key`, issued now (central time) or at `issued_at`."""
     envelope: dict[str, Any] = {
         "v": VERSION,
         "kind": kind,
         "region": region,
         "kid": key.key_id,
         "nonce": secrets.token_hex(16),
-        "issued_at": clock.now(),  # central time (a region worker corrects its clock)
+        # central time (a region worker corrects its clock)
+        "issued_at": clock.now() if issued_at is None else issued_at,
         "expires_at": expires_at,
         "body": body,
     }
@@ -492,11 +499,14 @@ def open_dispatch(envelope: object, kind: str) -> tuple[str, Any]:
     return key.key_id, body
 
 
-def seal_results(key_id: str, kind: str, body: object) -> dict[str, Any]:
-    """Results signed with the key the batch came under (active at the beat)."""
+def seal_results(
+    key_id: str, kind: str, body: object, issued_at: float | None = None
+) -> dict[str, Any]:
+    """Results signed with the key the batch came under (active at the beat), issued now or
+    at `issued_at` (when the worker had them in hand: monitor.pipeline.region.outbox)."""
     keys = worker_keys()
     key = keys.get(key_id) or next(iter(keys.values()))
-    return seal(key, settings.RW_REGION, kind, body, None)
+    return seal(key, settings.RW_REGION, kind, body, None, issued_at)
 
 
 def open_secret(token: str, url: str) -> str:

@@ -14,12 +14,19 @@ to the outbox was published or spooled (`wait`), and only then returns, so its m
 acknowledged (acks_late) after its results are out of this process. A worker killed before
 that leaves the batch unacknowledged, and it is delivered again (ingest keeps one result per
 slot). With `every_s` 0, each hand-over is sent at once, in the caller's thread.
+
+A message is delivered with the time its newest item was handed over (`now` then), not the
+time it leaves: ingest keeps a result only if it was sealed by its slot's deadline, and while
+the broker cannot be reached a delivery blocks for its retries (seconds to tens of seconds)
+while other results wait here, measured in time. Items handed over more than SPAN_S apart
+leave in separate messages, so no item is sealed more than SPAN_S after it was in hand.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -29,18 +36,27 @@ T = TypeVar("T")
 
 # A message holds at most this many results: ingest writes a message in one transaction.
 MAX_PER_MESSAGE = 500
+# A message holds items handed over at most this many seconds apart (see above).
+SPAN_S = 1.0
 
 
 class Outbox(Generic[T]):
     """Items handed over by many threads, delivered by one, every `every_s` seconds, grouped
-    by key; `deliver(key, items)` must not raise (monitor.tasks.publish_or_spool spools what
-    the broker cannot take)."""
+    by key; `deliver(key, items, handed_at)` must not raise (monitor.tasks.publish_or_spool
+    spools what the broker cannot take). `handed_at` is `now()` when the newest of `items` was
+    handed over."""
 
-    def __init__(self, deliver: Callable[[str, list[T]], None], every_s: float) -> None:
+    def __init__(
+        self,
+        deliver: Callable[[str, list[T], float], None],
+        every_s: float,
+        now: Callable[[], float] = time.time,
+    ) -> None:
         self._deliver = deliver
         self._every_s = every_s
+        self._now = now
         self._changed = threading.Condition()
-        self._pending: dict[str, list[T]] = {}
+        self._pending: dict[str, list[tuple[float, list[T]]]] = {}
         self._handed = 0  # tickets given out
         self._delivered = 0  # every ticket up to this one has left
         self._thread: threading.Thread | None = None
@@ -48,10 +64,10 @@ class Outbox(Generic[T]):
     def put(self, key: str, items: list[T]) -> int:
         """Hand `items` over; returns the ticket to `wait` for."""
         if self._every_s <= 0:
-            self._send(key, items)
+            self._send(key, [(self._now(), items)])
             return 0
         with self._changed:
-            self._pending.setdefault(key, []).extend(items)
+            self._pending.setdefault(key, []).append((self._now(), items))
             self._handed += 1
             ticket = self._handed
             if self._thread is None:
@@ -71,17 +87,16 @@ class Outbox(Generic[T]):
         with self._changed:
             pending, self._pending = self._pending, {}
             upto = self._handed
-        for key, items in pending.items():
-            self._send(key, items)
+        for key, handed in pending.items():
+            self._send(key, handed)
         with self._changed:
             self._delivered = max(self._delivered, upto)
             self._changed.notify_all()
 
-    def _send(self, key: str, items: list[T]) -> None:
-        for start in range(0, len(items), MAX_PER_MESSAGE):
-            chunk = items[start : start + MAX_PER_MESSAGE]
+    def _send(self, key: str, handed: list[tuple[float, list[T]]]) -> None:
+        for chunk, handed_at in _messages(handed):
             try:
-                self._deliver(key, chunk)
+                self._deliver(key, chunk, handed_at)
             except Exception as exc:  # deliver must not raise; if it does, say so and go on
                 log.error(  # the error's type only: its message may quote results
                     "the results outbox could not deliver %d results (%s)",
@@ -94,3 +109,23 @@ class Outbox(Generic[T]):
             with self._changed:
                 self._changed.wait(self._every_s)
             self.flush()
+
+
+def _messages(handed: list[tuple[float, list[T]]]) -> list[tuple[list[T], float]]:
+    """Hand-overs (in the order made) as messages of at most MAX_PER_MESSAGE items, each of
+    items handed over within SPAN_S of its first one, with its newest item's time."""
+    messages: list[tuple[list[T], float]] = []
+    chunk: list[T] = []
+    first = last = 0.0
+    for at, items in handed:
+        for item in items:
+            if chunk and (len(chunk) >= MAX_PER_MESSAGE or at - first > SPAN_S):
+                messages.append((chunk, last))
+                chunk = []
+            if not chunk:
+                first = at
+            chunk.append(item)
+            last = at
+    if chunk:
+        messages.append((chunk, last))
+    return messages

@@ -25,11 +25,13 @@ class Receiver:
 
     def __init__(self) -> None:
         self.messages: list[tuple[str, list[int]]] = []
+        self.times: list[float] = []  # each message's `handed_at`
         self.lock = threading.Lock()
 
-    def __call__(self, key: str, items: list[int]) -> None:
+    def __call__(self, key: str, items: list[int], handed_at: float) -> None:
         with self.lock:
             self.messages.append((key, list(items)))
+            self.times.append(handed_at)
 
 
 def test_results_from_many_batches_leave_as_one_message_per_region_key() -> None:
@@ -98,6 +100,38 @@ def test_a_big_hand_over_is_cut_into_messages_of_bounded_size() -> None:
         outbox.MAX_PER_MESSAGE,
         3,
     ]
+
+
+def test_results_in_hand_while_a_delivery_blocks_keep_the_time_they_were_handed_over() -> None:
+    """A delivery blocks while the broker cannot be reached (its retries: seconds to tens of
+    seconds). Results handed over meanwhile were measured in time: each message carries when
+    its newest result was handed over, not when it left, so ingest does not refuse them as
+    sealed after their slots' deadlines; hand-overs more than SPAN_S apart leave apart."""
+    clock = [1000.0]
+    received = Receiver()
+    blocked, release = threading.Event(), threading.Event()
+
+    def deliver(key: str, items: list[int], handed_at: float) -> None:
+        if items == [1]:  # the broker is gone: this delivery waits on its retries
+            blocked.set()
+            assert release.wait(10)
+        received(key, items, handed_at)
+
+    box: outbox.Outbox[int] = outbox.Outbox(deliver, HOUR, lambda: clock[0])
+    box.put("key", [1])
+    first = threading.Thread(target=box.flush)
+    first.start()
+    assert blocked.wait(10)
+    for at, item in ((1000.5, 2), (1001.0, 3), (1030.0, 4)):  # handed over while it blocks
+        clock[0] = at
+        box.put("key", [item])
+    clock[0] = 1060.0  # the broker answers 60 s after the first hand-over
+    release.set()
+    first.join(10)
+    box.flush()
+
+    assert received.messages == [("key", [1]), ("key", [2, 3]), ("key", [4])]
+    assert received.times == [1000.0, 1001.0, 1030.0]
 
 
 def test_with_no_interval_each_hand_over_leaves_at_once() -> None:
