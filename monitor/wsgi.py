@@ -6,7 +6,7 @@ from typing import cast
 
 from django.core.wsgi import get_wsgi_application
 
-from monitor import heap
+from monitor import db_priority, heap
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "monitor.settings")
 application = get_wsgi_application()
@@ -33,3 +33,5 @@ def warm() -> int:
 # The startup heap frozen, the collector's thresholds set (monitor.heap).
 warm()
 heap.settle()
+# Its database sessions at its CPU priority, where PostgreSQL runs here (monitor.db_priority).
+db_priority.install()

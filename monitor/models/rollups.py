@@ -15,7 +15,9 @@ from monitor.models.tasks import Task
 
 class RegionMinute(models.Model):
     """One region's live schedule in one minute of slot time, kept at ingest
-    (monitor.stats.health): probes that ran (ok or error), slots recorded missed (`late`: of
+    (monitor.stats.health): probes that ran (ok or error), of them those that got past the
+    region's network (`reached`: not a dns, connect, tls or header-timeout error), slots
+    recorded missed (`late`: of
     them, probes a worker did not start because they were too late), and the histogram of
     probes' start lags (ms; monitor.stats.hist pairs). Generated demo history is not counted:
     this is what the Status page and the overview's banner say about monitoring health."""
@@ -23,6 +25,7 @@ class RegionMinute(models.Model):
     region = models.ForeignKey(Region, on_delete=models.CASCADE)
     minute = models.DateTimeField()
     probed = models.IntegerField(default=0)
+    reached = models.IntegerField(default=0)
     missed = models.IntegerField(default=0)
     late = models.IntegerField(default=0)
     lag_hist = ArrayField(models.IntegerField(), default=list)

@@ -35,7 +35,7 @@ DAY = timedelta(hours=24)
 # A region's path is judged on its probes of this window (several ticks of every route).
 PATH_WINDOW = timedelta(minutes=3)
 # Failures that say the path to a provider failed, before any answer came.
-PATH_KINDS = frozenset({"dns", "connect", "tls", "timeout_headers"})
+PATH_KINDS = health.PATH_KINDS
 PATH_MIN_PROBES = 3
 
 
@@ -249,12 +249,11 @@ def regions_health(now: datetime, *, with_idle: bool = False) -> list[RegionHeal
 
 
 # The regions, of those asked about, with a probe of the window that did not fail at the
-# network. Read through the (route_id, started_at) index, every route's window at once (the
-# route ids an InitPlan array): it reads the window's rows and no others. The EXISTS per
-# region this replaces found no (region, time) index and read each region's every row of the
-# day's partition until a recent one passed (bench-load: monitor_region's query, 15-20 ms at
-# p50, 265-270 ms at p95, growing with the day's slots), and Django built it in ~1,000
-# Python calls a read.
+# network, from the raw rows. Read through the (route_id, started_at) index, every route's
+# window at once (the route ids an InitPlan array): it reads the window's rows and no others.
+# Only regions the schedule's minutes do not already clear are asked (path_failures): read for
+# every region, it was the overview's and the Status page's costliest query under load
+# (bench-load: 67-70 ms at p50, 120-132 ms at p95, ~10,000 rows at 59 slots a second).
 _REACHED_SQL = f"""
 SELECT DISTINCT region_id FROM {ProbeResult._meta.db_table}
 WHERE route_id = ANY(ARRAY(SELECT id FROM {Route._meta.db_table}))
@@ -267,23 +266,23 @@ WHERE route_id = ANY(ARRAY(SELECT id FROM {Route._meta.db_table}))
 def path_failures(now: datetime, region_ids: list[int]) -> dict[int, PathFailure]:
     """Regions whose every probe of PATH_WINDOW failed at the network, to two or more
     providers: the region's path, not each provider (monitor.models.ProbeResult, the recent
-    days' partition only). A region with any probe of the window that did not fail at the
-    network is not counted at all (_REACHED_SQL), where counting every probe of the window
-    with its provider was the overview's and the Status page's costliest query under load
-    (bench-load: 134 ms at p50, 10,000 rows at 59 slots a second)."""
+    days' partition only). A region with a probe of the window that got past the network is
+    not counted at all: first from the schedule's minutes (monitor.stats.health.reached: a few
+    rows a region, every live probe of the whole minutes inside the window), then, for the
+    regions still in doubt, from the window's raw rows (_REACHED_SQL: the minute the window
+    starts in, and results no minute counts, such as generated history)."""
     if not region_ids:
         return {}
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _REACHED_SQL,
-            {
-                "since": now - PATH_WINDOW,
-                "now": now,
-                "regions": list(region_ids),
-                "kinds": sorted(PATH_KINDS),
-            },
-        )
-        reached = {region_id for (region_id,) in cursor.fetchall()}
+    since = now - PATH_WINDOW
+    reached = health.reached(since, region_ids)
+    doubtful = [i for i in region_ids if i not in reached]
+    if doubtful:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                _REACHED_SQL,
+                {"since": since, "now": now, "regions": doubtful, "kinds": sorted(PATH_KINDS)},
+            )
+            reached |= {region_id for (region_id,) in cursor.fetchall()}
     suspects = [i for i in region_ids if i not in reached]
     if not suspects:
         return {}

@@ -1,8 +1,9 @@
 """Monitoring health: is each region keeping its schedule?
 
 Ingest folds every live slot's outcome into one row per (region, minute of slot time)
-(monitor.models.RegionMinute): probes that ran, slots recorded missed, and of those the probes
-a worker did not start because they were too late, with a histogram of start lags. The Status
+(monitor.models.RegionMinute): probes that ran, those of them that got past the region's
+network (`reached`), slots recorded missed, and of those the probes a worker did not start
+because they were too late, with a histogram of start lags. The Status
 page, `/metrics` and the overview's banner read these rows: the figures agree with the raw
 results by construction (every row in or out of monitor_proberesult passes through here), and
 generated demo history is never counted.
@@ -17,7 +18,7 @@ from datetime import datetime, timedelta
 from django.db import connection
 from django.db.models import Sum
 
-from monitor.models import OUTCOME_MISSED, RegionMinute
+from monitor.models import OUTCOME_ERROR, OUTCOME_MISSED, RegionMinute
 from monitor.stats import hist
 from monitor.stats.rollup_writes import ResultRow
 
@@ -27,16 +28,20 @@ LAG_SCALE = hist.Scale(low=1.0, high=900_000.0)
 MISSED_SHARE_MAX = 0.01
 # Minutes are kept this long (the pages show a day).
 KEPT_DAYS = 8
+# Failures that say the path to a provider failed, before any answer came: a probe that ended
+# otherwise `reached` its provider (monitor.pages.monitoring judges a region's path on them).
+PATH_KINDS = frozenset({"dns", "connect", "tls", "timeout_headers"})
 
 SlotKey = tuple[int | None, int, int, datetime | None]
 
 _UPSERT = """
-INSERT INTO monitor_regionminute AS m (region_id, minute, probed, missed, late, lag_hist)
-SELECT d.region_id, d.minute, d.probed, d.missed, d.late, d.h::integer[]
+INSERT INTO monitor_regionminute AS m (region_id, minute, probed, reached, missed, late, lag_hist)
+SELECT d.region_id, d.minute, d.probed, d.reached, d.missed, d.late, d.h::integer[]
 FROM unnest(%s::bigint[], %s::timestamptz[], %s::integer[], %s::integer[], %s::integer[],
-            %s::text[]) AS d(region_id, minute, probed, missed, late, h)
+            %s::integer[], %s::text[]) AS d(region_id, minute, probed, reached, missed, late, h)
 ON CONFLICT (region_id, minute) DO UPDATE SET
   probed = m.probed + EXCLUDED.probed,
+  reached = m.reached + EXCLUDED.reached,
   missed = m.missed + EXCLUDED.missed,
   late = m.late + EXCLUDED.late,
   lag_hist = rw_pairs_add(m.lag_hist, EXCLUDED.lag_hist)
@@ -50,6 +55,7 @@ def minute_of(when: datetime) -> datetime:
 @dataclass
 class _Delta:
     probed: int = 0
+    reached: int = 0
     missed: int = 0
     late: int = 0
     lags: list[float] = field(default_factory=list)
@@ -76,6 +82,8 @@ def count(
             d.late += sign if lag is not None else 0
         else:
             d.probed += sign
+            if not (r.outcome == OUTCOME_ERROR and r.error_kind in PATH_KINDS):
+                d.reached += sign
             if lag is not None and sign > 0:
                 d.lags.append(lag)
     if not deltas:
@@ -92,6 +100,7 @@ def count(
                 [k[0] for k in keys],
                 [k[1] for k in keys],
                 [deltas[k].probed for k in keys],
+                [deltas[k].reached for k in keys],
                 [deltas[k].missed for k in keys],
                 [deltas[k].late for k in keys],
                 histograms,
@@ -161,6 +170,17 @@ def schedules(now: datetime, window: timedelta, *, with_lags: bool = True) -> di
             since, probed=row["p"] or 0, missed=row["m"] or 0, late=row["la"] or 0
         )
     return found
+
+
+def reached(since: datetime, region_ids: Iterable[int]) -> set[int]:
+    """Of these regions, those with a live probe that got past the network in a minute of slot
+    time at or after `since`: each such probe started after `since` (never before its slot)
+    and by now, so the set is exact as far as it goes; a region not in it has no such probe
+    in those whole minutes, and may still have one in the minute `since` falls in."""
+    rows = RegionMinute.objects.filter(
+        minute__gte=since, region_id__in=list(region_ids), reached__gt=0
+    )
+    return set(rows.values_list("region_id", flat=True).distinct())
 
 
 def drop_before(cutoff: datetime) -> int:

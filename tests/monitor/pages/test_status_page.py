@@ -244,3 +244,44 @@ def test_a_region_whose_every_recent_probe_failed_at_the_network_has_a_failed_pa
         [f.payload(t, r1, cut, now - timedelta(seconds=1), outcome="error", error_kind="http_5xx")]
     )
     assert monitoring.path_failures(now, [cut.pk, live.pk, alone.pk]) == {}
+
+
+def test_a_region_is_cleared_from_the_schedules_minutes_and_the_raw_rows_judge_the_rest(
+    db: None,
+) -> None:
+    """The path check reads the schedule's minutes first (health.reached: a probe that got past
+    the network, in a whole minute of slot time inside the window); a region they do not clear
+    is judged on the raw rows, so a probe in the minute the window starts in still counts, and
+    one just before the window does not. With every region cleared by its minutes, the path
+    check reads no raw row at all."""
+    from monitor.pages import monitoring
+    from monitor.stats import health
+
+    p1, p2 = f.provider("p1"), f.provider("p2")
+    r1, r2 = f.route(p1, "m1"), f.route(p2, "m2")
+    early, before, busy = f.region("early"), f.region("before"), f.region("busy")
+    t = f.task("qa", [r1, r2], [early, before, busy])
+    now = (timezone.now() - timedelta(minutes=1)).replace(second=30, microsecond=0)
+    since = now - monitoring.PATH_WINDOW  # hh:mm:30: its minute began 30 s before it
+    failing = [now - timedelta(seconds=s) for s in (10, 40, 70)]
+    payloads = [
+        f.payload(t, r, g, at, outcome="error", error_kind="connect")
+        for g in (early, before)
+        for at in failing
+        for r in (r1, r2)
+    ]
+    # `early` reached its provider 10 s into the window (the minute it starts in), `before`
+    # 10 s before it; `busy` in a whole minute of the window, and in an older minute too.
+    payloads.append(f.payload(t, r1, early, since + timedelta(seconds=10), outcome="error", error_kind="http_4xx"))  # fmt: skip
+    payloads.append(f.payload(t, r1, before, since - timedelta(seconds=10)))
+    payloads.append(f.payload(t, r1, busy, now - timedelta(seconds=40)))
+    payloads.append(f.payload(t, r2, busy, since - timedelta(minutes=2)))
+    payloads.append(f.payload(t, r2, busy, now - timedelta(seconds=20), outcome="error", error_kind="dns"))  # fmt: skip
+    ingest.ingest(payloads)
+
+    assert health.reached(since, [early.pk, before.pk, busy.pk]) == {busy.pk}
+    found = monitoring.path_failures(now, [early.pk, before.pk, busy.pk])
+    assert found == {before.pk: monitoring.PathFailure(probes=6, providers=2)}
+    with CaptureQueriesContext(connection) as queries:
+        assert monitoring.path_failures(now, [busy.pk]) == {}
+    assert [q["sql"] for q in queries if "monitor_proberesult" in q["sql"]] == []
