@@ -18,8 +18,11 @@ slot). With `every_s` 0, each hand-over is sent at once, in the caller's thread.
 A message is delivered with the time its newest item was handed over (`now` then), not the
 time it leaves: ingest keeps a result only if it was sealed by its slot's deadline, and while
 the broker cannot be reached a delivery blocks for its retries (seconds to tens of seconds)
-while other results wait here, measured in time. Items handed over more than SPAN_S apart
-leave in separate messages, so no item is sealed more than SPAN_S after it was in hand.
+while other results wait here, measured in time. Items handed over more than one interval
+and a second apart (`span_s`) leave in separate messages, so no item is sealed later after it
+was in hand than an interval's wait made it before; a round of the usual interval stays one
+message (ingest pays about 0.33 s a message: splitting each round in two doubled its
+messages, and its lag p99 went from 2.7 to 7.1 s under bench-load).
 """
 
 from __future__ import annotations
@@ -36,8 +39,6 @@ T = TypeVar("T")
 
 # A message holds at most this many results: ingest writes a message in one transaction.
 MAX_PER_MESSAGE = 500
-# A message holds items handed over at most this many seconds apart (see above).
-SPAN_S = 1.0
 
 
 class Outbox(Generic[T]):
@@ -51,10 +52,12 @@ class Outbox(Generic[T]):
         deliver: Callable[[str, list[T], float], None],
         every_s: float,
         now: Callable[[], float] = time.time,
+        span_s: float | None = None,
     ) -> None:
         self._deliver = deliver
         self._every_s = every_s
         self._now = now
+        self._span_s = every_s + 1.0 if span_s is None else span_s
         self._changed = threading.Condition()
         self._pending: dict[str, list[tuple[float, list[T]]]] = {}
         self._handed = 0  # tickets given out
@@ -94,7 +97,7 @@ class Outbox(Generic[T]):
             self._changed.notify_all()
 
     def _send(self, key: str, handed: list[tuple[float, list[T]]]) -> None:
-        for chunk, handed_at in _messages(handed):
+        for chunk, handed_at in _messages(handed, self._span_s):
             try:
                 self._deliver(key, chunk, handed_at)
             except Exception as exc:  # deliver must not raise; if it does, say so and go on
@@ -111,15 +114,15 @@ class Outbox(Generic[T]):
             self.flush()
 
 
-def _messages(handed: list[tuple[float, list[T]]]) -> list[tuple[list[T], float]]:
+def _messages(handed: list[tuple[float, list[T]]], span_s: float) -> list[tuple[list[T], float]]:
     """Hand-overs (in the order made) as messages of at most MAX_PER_MESSAGE items, each of
-    items handed over within SPAN_S of its first one, with its newest item's time."""
+    items handed over within `span_s` of its first one, with its newest item's time."""
     messages: list[tuple[list[T], float]] = []
     chunk: list[T] = []
     first = last = 0.0
     for at, items in handed:
         for item in items:
-            if chunk and (len(chunk) >= MAX_PER_MESSAGE or at - first > SPAN_S):
+            if chunk and (len(chunk) >= MAX_PER_MESSAGE or at - first > span_s):
                 messages.append((chunk, last))
                 chunk = []
             if not chunk:

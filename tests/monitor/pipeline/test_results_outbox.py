@@ -106,7 +106,8 @@ def test_results_in_hand_while_a_delivery_blocks_keep_the_time_they_were_handed_
     """A delivery blocks while the broker cannot be reached (its retries: seconds to tens of
     seconds). Results handed over meanwhile were measured in time: each message carries when
     its newest result was handed over, not when it left, so ingest does not refuse them as
-    sealed after their slots' deadlines; hand-overs more than SPAN_S apart leave apart."""
+    sealed after their slots' deadlines; hand-overs more than an interval and a second apart
+    leave apart."""
     clock = [1000.0]
     received = Receiver()
     blocked, release = threading.Event(), threading.Event()
@@ -117,12 +118,13 @@ def test_results_in_hand_while_a_delivery_blocks_keep_the_time_they_were_handed_
             assert release.wait(10)
         received(key, items, handed_at)
 
-    box: outbox.Outbox[int] = outbox.Outbox(deliver, HOUR, lambda: clock[0])
+    # Its interval, 1 s here: hand-overs more than 2 s apart leave apart.
+    box: outbox.Outbox[int] = outbox.Outbox(deliver, HOUR, lambda: clock[0], span_s=2.0)
     box.put("key", [1])
     first = threading.Thread(target=box.flush)
     first.start()
     assert blocked.wait(10)
-    for at, item in ((1000.5, 2), (1001.0, 3), (1030.0, 4)):  # handed over while it blocks
+    for at, item in ((1000.5, 2), (1002.0, 3), (1030.0, 4)):  # handed over while it blocks
         clock[0] = at
         box.put("key", [item])
     clock[0] = 1060.0  # the broker answers 60 s after the first hand-over
@@ -131,7 +133,20 @@ def test_results_in_hand_while_a_delivery_blocks_keep_the_time_they_were_handed_
     box.flush()
 
     assert received.messages == [("key", [1]), ("key", [2, 3]), ("key", [4])]
-    assert received.times == [1000.0, 1001.0, 1030.0]
+    assert received.times == [1000.0, 1002.0, 1030.0]
+
+
+def test_a_round_of_the_usual_interval_leaves_as_one_message() -> None:
+    """Ingest pays per message: hand-overs within one interval (and a second) are not split."""
+    clock = [1000.0]
+    received = Receiver()
+    box: outbox.Outbox[int] = outbox.Outbox(received, 2.0, lambda: clock[0])
+    for at, item in ((1000.0, 1), (1001.0, 2), (1002.9, 3)):
+        clock[0] = at
+        box.put("key", [item])
+    box.flush()
+    assert received.messages[-1] == ("key", [1, 2, 3])
+    assert received.times[-1] == 1002.9
 
 
 def test_with_no_interval_each_hand_over_leaves_at_once() -> None:
