@@ -263,8 +263,16 @@ def _build(
         quality = figures.quality(task, routes)
         ttft_basis = task.ttft_budget_metric(routes)
         cells = []
-        for region in task.regions.all():
-            latency = figures.latency(task, routes, region)
+        regions = list(task.regions.all())
+        latency_in = {g.pk: figures.latency(task, routes, g) for g in regions}
+        # The task's stale routes' missed slots, every region's in one read.
+        missed = selection.missed_in_regions(
+            task,
+            {g.pk: selection.quiet_routes(task, routes, latency_in[g.pk], now) for g in regions},
+            now,
+        )
+        for region in regions:
+            latency = latency_in[region.pk]
             last_change = held.get((task.pk, region.pk))
             choice = selection.decide(
                 task,
@@ -274,6 +282,7 @@ def _build(
                 region=region,
                 now=now,
                 incumbent=last_change.route_id if last_change else None,
+                missed=missed.get(region.pk, {}),
             )
             decisions.append(((task.pk, region.pk), choice))
             cells.append(_cell(task, region, choice, latency, ttft_basis, now, last_change))

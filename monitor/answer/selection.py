@@ -219,19 +219,41 @@ def missed_since(
     """Per route id, the slots our workers missed in `region` since the route's last probe
     (within silence_limit() when it never had one): the facts of a silence. One query, for
     stale routes only."""
-    if not last_probe_at:
+    return missed_in_regions(task, {region.pk: last_probe_at}, now).get(region.pk, {})
+
+
+def missed_in_regions(
+    task: Task, quiet: Mapping[int, Mapping[int, datetime | None]], now: datetime
+) -> dict[int, dict[int, int]]:
+    """missed_since for several regions at once (region id -> its stale routes' last probes):
+    one query for a page that decides in every region, not one a region."""
+    quiet = {region_id: routes for region_id, routes in quiet.items() if routes}
+    if not quiet:
         return {}
     floor = now - silence_limit(task)
+    found = {region_id: dict.fromkeys(routes, 0) for region_id, routes in quiet.items()}
+    earliest = min(v or floor for routes in quiet.values() for v in routes.values())
     rows = ProbeSlot.objects.filter(
-        task=task, region=region, route_id__in=list(last_probe_at), status=SLOT_MISSED
-    ).values_list("route_id", "slot_at")
-    found = dict.fromkeys(last_probe_at, 0)
-    for route_id, slot_at in rows.filter(
-        slot_at__gt=min(v or floor for v in last_probe_at.values())
-    ):
-        if slot_at > (last_probe_at[route_id] or floor):
-            found[route_id] += 1
+        task=task,
+        region_id__in=list(quiet),
+        route_id__in={route_id for routes in quiet.values() for route_id in routes},
+        status=SLOT_MISSED,
+        slot_at__gt=earliest,
+    ).values_list("region_id", "route_id", "slot_at")
+    for region_id, route_id, slot_at in rows:
+        if route_id not in quiet[region_id]:
+            continue  # stale in another region only
+        if slot_at > (quiet[region_id][route_id] or floor):
+            found[region_id][route_id] += 1
     return found
+
+
+def quiet_routes(
+    task: Task, routes: Sequence[Route], latency: Mapping[int, Stats], now: datetime
+) -> dict[int, datetime | None]:
+    """The routes that are not fresh in a region (route id -> its last probe there, if any)."""
+    last = {r.pk: (latency[r.pk].last_probe_at if r.pk in latency else None) for r in routes}
+    return {pk: at for pk, at in last.items() if not task.is_fresh(at, now)}
 
 
 def decide(
@@ -243,17 +265,16 @@ def decide(
     region: Region | None = None,
     now: datetime | None = None,
     incumbent: int | None = None,
+    missed: Mapping[int, int] | None = None,
 ) -> Choice:
     """The one decision every caller makes (the overview's board, the task and regions pages,
-    the digest): `choose`, with the facts of each stale route's silence read for it."""
-    missed: dict[int, int] = {}
-    if region is not None and now is not None:
-        quiet = {
-            r.pk: (latency[r.pk].last_probe_at if r.pk in latency else None)
-            for r in routes
-            if not task.is_fresh(latency[r.pk].last_probe_at if r.pk in latency else None, now)
-        }
-        missed = missed_since(task, region, quiet, now)
+    the digest): `choose`, with the facts of each stale route's silence read for it (or given:
+    `missed`, from missed_in_regions, when a caller decides in several regions)."""
+    if missed is None:
+        missed = {}
+        if region is not None and now is not None:
+            quiet = quiet_routes(task, routes, latency, now)
+            missed = missed_since(task, region, quiet, now)
     return choose(
         task,
         routes,

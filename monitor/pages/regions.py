@@ -110,10 +110,26 @@ def build(task: Task, metric: str, window: Range, now: datetime) -> Matrix:
     held = stats_winners.incumbents([task.pk])
     winners: dict[int, int | None] = {}
     reasons: dict[tuple[int, int], str] = {}
+    latency_in = {
+        g.pk: {r.pk: per_cell[(r.pk, g.pk)] for r in routes if (r.pk, g.pk) in per_cell}
+        for g in regions
+    }
+    # Every region's stale routes' missed slots in one read.
+    missed = selection.missed_in_regions(
+        task,
+        {g.pk: selection.quiet_routes(task, routes, latency_in[g.pk], now) for g in regions},
+        now,
+    )
     for g in regions:
-        latency = {r.pk: per_cell[(r.pk, g.pk)] for r in routes if (r.pk, g.pk) in per_cell}
         choice = selection.decide(
-            task, routes, latency, quality, region=g, now=now, incumbent=held.get((task.pk, g.pk))
+            task,
+            routes,
+            latency_in[g.pk],
+            quality,
+            region=g,
+            now=now,
+            incumbent=held.get((task.pk, g.pk)),
+            missed=missed.get(g.pk, {}),
         )
         winners[g.pk] = choice.winner.route.pk if choice.winner else None
         for c in choice.candidates:

@@ -91,6 +91,47 @@ def test_a_stale_winner_keeps_its_cell_and_its_figures_with_the_facts_of_its_sil
 
 
 @pytest.mark.django_db
+def test_every_regions_missed_slots_come_in_one_read_and_each_region_keeps_its_own() -> None:
+    """The overview's board and the regions page decide in every region of a task: the
+    facts of each stale route's silence come in one read for all of them (missed_in_regions),
+    and each region's are its own, as missed_since reads them one region at a time."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    p = f.provider()
+    fast, slow = f.route(p, "fast"), f.route(p, "slow")
+    ap, eu = f.region("ap-south"), f.region("eu-west")
+    t = f.task("qa", [fast, slow], [ap, eu])
+    for g in (ap, eu):
+        _feed(t, fast, g, 30, e2e_ms=1000)
+        _feed(t, slow, g, 30, e2e_ms=9000)
+    board.refresh(T0 + timedelta(minutes=30))  # fast wins in both regions
+    # In ap-south fast goes silent (8 slots missed by us), slow is probed on; in eu-west
+    # slow goes silent (3 missed, and 2 before its last probe that are not its silence's).
+    _miss(t, fast, ap, [T0 + timedelta(minutes=30 + i) for i in range(8)])
+    _feed(t, slow, ap, 8, start_s=30 * 60, e2e_ms=9000)
+    _miss(t, slow, eu, [T0 + timedelta(minutes=20, seconds=30 + i) for i in range(2)])
+    _miss(t, slow, eu, [T0 + timedelta(minutes=31 + i) for i in range(3)])
+    _feed(t, fast, eu, 8, start_s=30 * 60, e2e_ms=1000)
+    now = T0 + timedelta(minutes=37)
+    routes = list(t.routes.order_by("pk"))
+    window = selection.Window.read(now - board.WINDOW, now + timedelta(hours=1))
+    quiet = {g.pk: selection.quiet_routes(t, routes, window.latency(t, routes, g), now) for g in (ap, eu)}  # fmt: skip
+    assert set(quiet[ap.pk]) == {fast.pk}
+    assert set(quiet[eu.pk]) == {slow.pk}
+
+    with CaptureQueriesContext(connection) as queries:
+        together = selection.missed_in_regions(t, quiet, now)
+    assert len(queries) == 1
+    assert together == {ap.pk: {fast.pk: 8}, eu.pk: {slow.pk: 3}}
+    for g in (ap, eu):
+        assert together[g.pk] == selection.missed_since(t, g, quiet[g.pk], now)
+    # The board says the same words as before, region by region.
+    cells = {c.region_slug: c for c in board.refresh(now).rows[0].cells}
+    assert cells["ap-south"].silence.endswith("8 slots since were missed by our ap-south workers")
+
+
+@pytest.mark.django_db
 def test_a_stale_challenger_cannot_take_a_cell_and_says_so_in_facts() -> None:
     p = f.provider()
     fast, slow = f.route(p, "fast"), f.route(p, "slow")
