@@ -24,7 +24,15 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import Count, Q
 
-from monitor.models import SLOT_DISPATCHED, Heartbeat, ProbeResult, ProbeSlot, Region, Route
+from monitor.models import (
+    SLOT_DISPATCHED,
+    Heartbeat,
+    ProbeResult,
+    ProbeSlot,
+    Region,
+    RegionMinute,
+    Route,
+)
 from monitor.pipeline import queues
 from monitor.pipeline.ingest.results import region_heartbeat
 from monitor.pipeline.region import liveness
@@ -248,16 +256,26 @@ def regions_health(now: datetime, *, with_idle: bool = False) -> list[RegionHeal
     return out
 
 
-# The regions, of those asked about, with a probe of the window that did not fail at the
-# network, from the raw rows. Read through the (route_id, started_at) index, every route's
-# window at once (the route ids an InitPlan array): it reads the window's rows and no others.
-# Only regions the schedule's minutes do not already clear are asked (path_failures): read for
-# every region, it was the overview's and the Status page's costliest query under load
-# (bench-load: 67-70 ms at p50, 120-132 ms at p95, ~10,000 rows at 59 slots a second).
+# The regions, of those asked about, with a probe of the window that got past the network, in
+# one statement: first from the schedule's minutes (monitor.stats.health, RegionMinute.reached:
+# a few rows a region, every live probe of the whole minutes inside the window), then, only
+# for the regions still in doubt, from the window's raw rows (the minute the window starts in,
+# and results no minute counts, such as generated history). The raw part reads through the
+# (route_id, started_at) index, every route's window at once (the route ids an InitPlan
+# array), and not at all when the minutes clear every region (a one-time filter). Read for
+# every region, the raw part was the overview's and the Status page's costliest query under
+# load (bench-load: 58-70 ms at p50, 104-132 ms at p95, ~10,000 rows at 59 slots a second).
 _REACHED_SQL = f"""
+WITH cleared AS (
+  SELECT DISTINCT region_id FROM {RegionMinute._meta.db_table}
+  WHERE minute >= %(since)s AND region_id = ANY(%(regions)s) AND reached > 0)
+SELECT region_id FROM cleared
+UNION
 SELECT DISTINCT region_id FROM {ProbeResult._meta.db_table}
-WHERE route_id = ANY(ARRAY(SELECT id FROM {Route._meta.db_table}))
+WHERE (SELECT count(*) FROM cleared) < cardinality(%(regions)s::bigint[])
+  AND route_id = ANY(ARRAY(SELECT id FROM {Route._meta.db_table}))
   AND started_at >= %(since)s AND started_at <= %(now)s AND region_id = ANY(%(regions)s)
+  AND region_id <> ALL(ARRAY(SELECT region_id FROM cleared))
   AND slot_at IS NOT NULL AND outcome <> 'missed'
   AND NOT (outcome = 'error' AND error_kind = ANY(%(kinds)s))
 """
@@ -267,22 +285,17 @@ def path_failures(now: datetime, region_ids: list[int]) -> dict[int, PathFailure
     """Regions whose every probe of PATH_WINDOW failed at the network, to two or more
     providers: the region's path, not each provider (monitor.models.ProbeResult, the recent
     days' partition only). A region with a probe of the window that got past the network is
-    not counted at all: first from the schedule's minutes (monitor.stats.health.reached: a few
-    rows a region, every live probe of the whole minutes inside the window), then, for the
-    regions still in doubt, from the window's raw rows (_REACHED_SQL: the minute the window
-    starts in, and results no minute counts, such as generated history)."""
+    not counted at all (_REACHED_SQL: from the schedule's minutes, then the raw rows for the
+    regions they do not clear)."""
     if not region_ids:
         return {}
     since = now - PATH_WINDOW
-    reached = health.reached(since, region_ids)
-    doubtful = [i for i in region_ids if i not in reached]
-    if doubtful:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                _REACHED_SQL,
-                {"since": since, "now": now, "regions": doubtful, "kinds": sorted(PATH_KINDS)},
-            )
-            reached |= {region_id for (region_id,) in cursor.fetchall()}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _REACHED_SQL,
+            {"since": since, "now": now, "regions": list(region_ids), "kinds": sorted(PATH_KINDS)},
+        )
+        reached = {region_id for (region_id,) in cursor.fetchall()}
     suspects = [i for i in region_ids if i not in reached]
     if not suspects:
         return {}

@@ -172,17 +172,6 @@ def schedules(now: datetime, window: timedelta, *, with_lags: bool = True) -> di
     return found
 
 
-def reached(since: datetime, region_ids: Iterable[int]) -> set[int]:
-    """Of these regions, those with a live probe that got past the network in a minute of slot
-    time at or after `since`: each such probe started after `since` (never before its slot)
-    and by now, so the set is exact as far as it goes; a region not in it has no such probe
-    in those whole minutes, and may still have one in the minute `since` falls in."""
-    rows = RegionMinute.objects.filter(
-        minute__gte=since, region_id__in=list(region_ids), reached__gt=0
-    )
-    return set(rows.values_list("region_id", flat=True).distinct())
-
-
 def drop_before(cutoff: datetime) -> int:
     """Retention: minutes older than `cutoff` go (the figures cover a day at most)."""
     deleted, _ = RegionMinute.objects.filter(minute__lt=minute_of(cutoff)).delete()

@@ -249,13 +249,12 @@ def test_a_region_whose_every_recent_probe_failed_at_the_network_has_a_failed_pa
 def test_a_region_is_cleared_from_the_schedules_minutes_and_the_raw_rows_judge_the_rest(
     db: None,
 ) -> None:
-    """The path check reads the schedule's minutes first (health.reached: a probe that got past
-    the network, in a whole minute of slot time inside the window); a region they do not clear
-    is judged on the raw rows, so a probe in the minute the window starts in still counts, and
-    one just before the window does not. With every region cleared by its minutes, the path
-    check reads no raw row at all."""
+    """The path check reads the schedule's minutes first (RegionMinute.reached: a probe that
+    got past the network, in a whole minute of slot time inside the window); a region they do
+    not clear is judged on the raw rows, so a probe in the minute the window starts in still
+    counts, and one just before the window does not. With every region cleared by its
+    minutes, the raw rows are not read at all."""
     from monitor.pages import monitoring
-    from monitor.stats import health
 
     p1, p2 = f.provider("p1"), f.provider("p2")
     r1, r2 = f.route(p1, "m1"), f.route(p2, "m2")
@@ -279,9 +278,22 @@ def test_a_region_is_cleared_from_the_schedules_minutes_and_the_raw_rows_judge_t
     payloads.append(f.payload(t, r2, busy, now - timedelta(seconds=20), outcome="error", error_kind="dns"))  # fmt: skip
     ingest.ingest(payloads)
 
-    assert health.reached(since, [early.pk, before.pk, busy.pk]) == {busy.pk}
     found = monitoring.path_failures(now, [early.pk, before.pk, busy.pk])
     assert found == {before.pk: monitoring.PathFailure(probes=6, providers=2)}
-    with CaptureQueriesContext(connection) as queries:
-        assert monitoring.path_failures(now, [busy.pk]) == {}
-    assert [q["sql"] for q in queries if "monitor_proberesult" in q["sql"]] == []
+
+    def plan(regions: list[int]) -> str:
+        params = {"since": since, "now": now, "regions": regions, "kinds": sorted(monitoring.PATH_KINDS)}  # fmt: skip
+        with connection.cursor() as cursor:
+            cursor.execute("EXPLAIN (ANALYZE, COSTS OFF) " + monitoring._REACHED_SQL, params)
+            return "\n".join(row[0] for row in cursor.fetchall())
+
+    def raw_scans(text: str) -> list[str]:
+        return [line for line in text.splitlines() if "monitor_proberesult" in line]
+
+    # `busy` is cleared by its minutes: no raw row is read; `early` is not: they are.
+    assert monitoring.path_failures(now, [busy.pk]) == {}
+    assert raw_scans(plan([busy.pk])), plan([busy.pk])
+    assert all("never executed" in line for line in raw_scans(plan([busy.pk]))), plan([busy.pk])
+    assert not all("never executed" in line for line in raw_scans(plan([early.pk]))), plan(
+        [early.pk]
+    )
