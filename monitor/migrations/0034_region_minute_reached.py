@@ -12,6 +12,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="regionminute",
             name="reached",
-            field=models.IntegerField(default=0),
+            field=models.IntegerField(db_default=0, default=0),
         ),
     ]

@@ -25,7 +25,9 @@ class RegionMinute(models.Model):
     region = models.ForeignKey(Region, on_delete=models.CASCADE)
     minute = models.DateTimeField()
     probed = models.IntegerField(default=0)
-    reached = models.IntegerField(default=0)
+    # A database default too: ingest of the release before, still running during an upgrade,
+    # writes these rows without the column.
+    reached = models.IntegerField(default=0, db_default=0)
     missed = models.IntegerField(default=0)
     late = models.IntegerField(default=0)
     lag_hist = ArrayField(models.IntegerField(), default=list)

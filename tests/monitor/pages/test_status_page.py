@@ -297,3 +297,20 @@ def test_a_region_is_cleared_from_the_schedules_minutes_and_the_raw_rows_judge_t
     assert not all("never executed" in line for line in raw_scans(plan([early.pk]))), plan(
         [early.pk]
     )
+
+
+def test_ingest_of_the_release_before_still_writes_the_schedules_minutes(db: None) -> None:
+    """During an upgrade, ingest workers of the release before write RegionMinute rows without
+    `reached`: the column's database default takes them (a NOT NULL without one failed their
+    whole transaction)."""
+    from monitor.models import RegionMinute
+
+    g = f.region("old")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO monitor_regionminute (region_id, minute, probed, missed, late, lag_hist) "
+            "VALUES (%s, %s, 3, 0, 0, '{}')",
+            [g.pk, timezone.now().replace(second=0, microsecond=0)],
+        )
+    row = RegionMinute.objects.get(region=g)
+    assert (row.probed, row.reached) == (3, 0)
