@@ -49,11 +49,16 @@ def follow(sender: Any, connection: Any, **kwargs: Any) -> None:
         return
     try:
         os.setpriority(os.PRIO_PROCESS, backend, nice)
-        group = autogroup_nice(os.getpid())
-        if group is not None:
-            Path(f"/proc/{backend}/autogroup").write_text(str(group))
     except OSError as exc:
         _say_once(f"the web's database sessions stay at the server's priority ({exc.strerror})")
+        return
+    group = autogroup_nice(os.getpid())
+    if group is None:
+        return
+    try:  # some kernels show autogroups but refuse to set them (EINVAL): the nice still holds
+        Path(f"/proc/{backend}/autogroup").write_text(str(group))
+    except OSError as exc:
+        _say_once(f"the web's database sessions keep their own autogroup ({exc.strerror})")
 
 
 def local_backend(fd: int, host: str, backend: int) -> int | None:

@@ -29,7 +29,11 @@ def test_a_raised_web_process_gives_its_new_backends_its_priority() -> None:
 
     def web_thread() -> None:  # Django opens a connection per thread: a new backend
         os.setpriority(os.PRIO_PROCESS, 0, WEB_NICE)  # this thread only
-        own_group.write_text(str(WEB_NICE))
+        try:
+            own_group.write_text(str(WEB_NICE))
+            seen["groups"] = group_before is not None
+        except OSError:  # a kernel that shows autogroups but refuses to set them (CI's)
+            seen["groups"] = False
         try:
             connection.ensure_connection()
             backend = connection.connection.info.backend_pid
@@ -38,14 +42,15 @@ def test_a_raised_web_process_gives_its_new_backends_its_priority() -> None:
             seen["group"] = db_priority.autogroup_nice(backend)
         finally:
             connections.close_all()
-            own_group.write_text(str(group_before or 0))
+            if seen["groups"]:
+                own_group.write_text(str(group_before or 0))
 
     thread = threading.Thread(target=web_thread)
     thread.start()
     thread.join(30)
 
     assert seen["nice"] == WEB_NICE, seen
-    if group_before is not None:  # a kernel with autogroups
+    if seen["groups"]:  # a kernel whose autogroups can be set
         assert seen["group"] == WEB_NICE, seen
     # A process at the default priority leaves its backend alone.
     connection.ensure_connection()
