@@ -426,7 +426,10 @@ def test(pytest_args: list[str]) -> int:
 
     def start(shard_dir: Path) -> tuple[dict[str, str], Callable[[], None]]:
         # The suite's data is thrown away: commits need not wait for the disk.
-        stack = _prepare_env(shard_dir, {"PROVIDER_ALLOW_PRIVATE_NETWORKS": "true"}, durable=False)
+        # Pages build their bodies on every read (monitor.pages.shared): a test reads what
+        # it just wrote; the tests of sharing turn it on themselves.
+        overrides = {"PROVIDER_ALLOW_PRIVATE_NETWORKS": "true", "PAGE_SHARE_SECONDS": "0"}
+        stack = _prepare_env(shard_dir, overrides, durable=False)
         env = stack.env
         if len(stack.embedded) < 2:  # tests that restart servers need the embedded ones
             env["RW_EXTERNAL_SERVICES"] = "1"

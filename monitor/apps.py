@@ -36,7 +36,8 @@ class MonitorConfig(AppConfig):
     def ready(self) -> None:
         from monitor.answer import board
         from monitor.logfilters import redact_every_handler
-        from monitor.models import EvalCase, Provider, Region, Route, Task
+        from monitor.models import EvalCase, Provider, Region, Route, ScenarioStep, Task
+        from monitor.pages import shared
 
         # Logging is configured by now (django.setup runs it before the apps are ready).
         redact_every_handler()
@@ -48,3 +49,13 @@ class MonitorConfig(AppConfig):
             post_delete.connect(board.forget, sender=model, dispatch_uid=f"forget-d-{model}")
         for through in (Task.routes.through, Task.regions.through):
             m2m_changed.connect(board.forget, sender=through, dispatch_uid=f"forget-{through}")
+        # And every page body a web process keeps is built again (monitor.pages.shared).
+        for changed in (Provider, Route, Region, Task, EvalCase, ScenarioStep):
+            post_save.connect(shared.config_changed, sender=changed, dispatch_uid=f"cfg-{changed}")
+            post_delete.connect(
+                shared.config_changed, sender=changed, dispatch_uid=f"cfg-d-{changed}"
+            )
+        for through in (Task.routes.through, Task.regions.through):
+            m2m_changed.connect(
+                shared.config_changed, sender=through, dispatch_uid=f"cfg-{through}"
+            )

@@ -4,9 +4,11 @@ partial)."""
 
 from __future__ import annotations
 
+import functools
 import hmac
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.contrib import messages
@@ -37,7 +39,7 @@ from monitor.models import (
 )
 from monitor.pages import log as pages_log
 from monitor.pages import metrics as pages_metrics
-from monitor.pages import monitoring
+from monitor.pages import monitoring, shared
 from monitor.pages import races as pages_races
 from monitor.pages import regions as pages_regions
 from monitor.pages import route as pages_route
@@ -74,10 +76,10 @@ def _region(slug: str | None, task: Task | None = None) -> Region | None:
     return qs.filter(slug=slug).first()
 
 
-def _task(request: HtmxHttpRequest, tasks: list[Task]) -> Task | None:
+def _task(params: Mapping[str, str], tasks: list[Task]) -> Task | None:
     """The task named by ?task=, else the first of `tasks` (None when there are none). A list:
     the page shows them all as its chips, so it reads them once."""
-    slug = request.GET.get("task")
+    slug = params.get("task")
     named = next((t for t in tasks if t.slug == slug), None) if slug else None
     return named or (tasks[0] if tasks else None)
 
@@ -94,11 +96,8 @@ def _last_probe_at() -> datetime | None:
     return last
 
 
-@readonly_page
-def overview(request: HtmxHttpRequest) -> HttpResponse:
+def _overview_body(not_before: datetime | None, now: datetime) -> dict[str, Any]:
     tick = Heartbeat.objects.filter(name=HEARTBEAT_TICK).first()
-    now = timezone.now()
-    not_before = hidden_before(request)
     if not_before is not None and now - board.WINDOW < not_before:
         # Generated history hidden: this reader's own overview, over the measured part only:
         # the hours after the last generated result's (none yet while that hour lasts).
@@ -118,7 +117,7 @@ def overview(request: HtmxHttpRequest) -> HttpResponse:
                 else:
                     cell.silence = verdicts[cell.region_slug]
                 data.rows_html = ""
-    ctx = {
+    return {
         "rows": data.rows,
         # Rendered with the snapshot (a reader's own overview has none: rendered here).
         "rows_html": mark_safe(data.rows_html),  # noqa: S308 (our template's output)
@@ -126,7 +125,6 @@ def overview(request: HtmxHttpRequest) -> HttpResponse:
         "tick": tick,
         "tick_stale": tick is None or now - tick.last_seen > timedelta(minutes=2),
         "last_probe_at": _last_probe_at(),
-        "window_hours": int(board.WINDOW.total_seconds() // 3600),
         "refresh_s": settings.DASHBOARD_REFRESH_SECONDS,
         "rendered_at": now,
         "checklist": None if data.rows else setup_checklist(),
@@ -134,62 +132,104 @@ def overview(request: HtmxHttpRequest) -> HttpResponse:
         # Regions missing slots or without a live worker, with the cause (never silent).
         "health_problems": monitoring.banner(now, healths),
     }
-    # Its only htmx request is the refresh of the body.
-    template = "front/overview.html#overview-body" if request.htmx else "front/overview.html"
-    return render(request, template, ctx)
 
 
 @readonly_page
-def task_detail(request: HtmxHttpRequest, slug: str) -> HttpResponse:
-    # Its steps with it: the choice, the scenario panel and the calculator each ask for them.
-    task = get_object_or_404(Task.objects.prefetch_related("steps"), slug=slug)
-    region = _region(request.GET.get("region"), task)
-    window = parse_range(request.GET, not_before=hidden_before(request))
-    now = timezone.now()
-    data = pages_task.build(task, region, window, request.GET.dict(), now)
+def overview(request: HtmxHttpRequest) -> HttpResponse:
+    not_before = hidden_before(request)
+    build = functools.partial(_overview_body, not_before)
+    body = shared.body(request, "front/overview.html#overview-body", build, hidden=not_before)
+    if request.htmx:  # its only htmx request is the refresh of the body
+        return HttpResponse(body)
     ctx = {
+        "body": body,
+        "window_hours": int(board.WINDOW.total_seconds() // 3600),
+    }
+    return render(request, "front/overview.html", ctx)
+
+
+def _task_body(
+    pk: int, params: Mapping[str, str], not_before: datetime | None, now: datetime
+) -> dict[str, Any]:
+    # Its steps with it: the choice, the scenario panel and the calculator each ask for them.
+    task = Task.objects.prefetch_related("steps").get(pk=pk)
+    region = _region(params.get("region"), task)
+    window = parse_range(params, not_before=not_before)
+    data = pages_task.build(task, region, window, dict(params), now)
+    return {
         "page": data,
         "task": task,
         "regions": task.regions.filter(is_active=True).order_by("name"),
         "ranges": RANGES.values(),
         "custom_rows": range(1, pages_whatif.CUSTOM_ROWS + 1),
         "now": now,
+        "built_at": now,
         "cap_notices": _cap_notices([task], now),
         "metric_label": metric_label(data.choice.metric),
         "reference": task.reference_label(),
     }
-    return render(request, _partial(request, "front/task.html", {"whatif", "task-body"}), ctx)
 
 
 @readonly_page
-def route_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    route = get_object_or_404(Route.objects.select_related("provider"), pk=pk)
+def task_detail(request: HtmxHttpRequest, slug: str) -> HttpResponse:
+    task = get_object_or_404(Task, slug=slug)
+    not_before = hidden_before(request)
+    parse_range(request.GET, not_before=not_before)  # a bad range is this read's error
+    template = _partial(request, "front/task.html", {"whatif", "task-body"})
+    part = template if "#" in template else f"{template}#task-body"
+    build = functools.partial(_task_body, task.pk, request.GET.dict(), not_before)
+    body = shared.body(request, part, build, hidden=not_before)
+    if part == template:  # htmx asked for the body or the calculator
+        return HttpResponse(body)
+    return render(request, template, {"task": task, "body": body})
+
+
+def _route_tasks(route: Route) -> list[Task]:
     # The task chips and the chosen task in one read; its steps with it (is it a scenario?).
-    tasks = list(route.tasks.filter(is_active=True).order_by("name").prefetch_related("steps"))
-    task = _task(request, tasks)
-    region = _region(request.GET.get("region"), task) if task else None
-    window = parse_range(request.GET, not_before=hidden_before(request))
-    now = timezone.now()
-    ctx = {
+    return list(route.tasks.filter(is_active=True).order_by("name").prefetch_related("steps"))
+
+
+def _route_body(
+    pk: int, params: Mapping[str, str], not_before: datetime | None, now: datetime
+) -> dict[str, Any]:
+    route = Route.objects.select_related("provider").get(pk=pk)
+    tasks = _route_tasks(route)
+    task = _task(params, tasks)
+    region = _region(params.get("region"), task) if task else None
+    window = parse_range(params, not_before=not_before)
+    return {
         "page": pages_route.build(route, tasks, task, region, window, now),
         "scenario": pages_scenario.build(route, task, region, window, now) if task else None,
         "route": route,
         "ranges": RANGES.values(),
         "now": now,
+        "built_at": now,
         "cap_notices": _cap_notices([task] if task else [], now),
     }
-    return render(request, _partial(request, "front/route.html", {"route-body"}), ctx)
 
 
 @readonly_page
-def regions(request: HtmxHttpRequest) -> HttpResponse:
+def route_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    route = get_object_or_404(Route.objects.select_related("provider"), pk=pk)
+    not_before = hidden_before(request)
+    parse_range(request.GET, not_before=not_before)  # a bad range is this read's error
+    build = functools.partial(_route_body, route.pk, request.GET.dict(), not_before)
+    body = shared.body(request, "front/route.html#route-body", build, hidden=not_before)
+    if _partial(request, "front/route.html", {"route-body"}) != "front/route.html":
+        return HttpResponse(body)
+    ctx = {"route": route, "task": _task(request.GET, _route_tasks(route)), "body": body}
+    return render(request, "front/route.html", ctx)
+
+
+def _regions_body(
+    params: Mapping[str, str], not_before: datetime | None, now: datetime
+) -> dict[str, Any]:
     tasks = list(Task.objects.filter(is_active=True).order_by("name"))
-    task = _task(request, tasks)
-    window = parse_range(request.GET, not_before=hidden_before(request))
-    metric = request.GET.get("metric") or pages_regions.DEFAULT_METRIC
-    now = timezone.now()
+    task = _task(params, tasks)
+    window = parse_range(params, not_before=not_before)
+    metric = params.get("metric") or pages_regions.DEFAULT_METRIC
     matrix = pages_regions.build(task, metric, window, now) if task else None
-    if matrix is not None and not matrix.has_values and not request.GET.get("task"):
+    if matrix is not None and not matrix.has_values and not params.get("task"):
         # Opened without a task: the first task that has figures to show, not one whose
         # every cell reads "too few" (read only when the first one has none).
         for other in tasks[1:]:
@@ -197,45 +237,76 @@ def regions(request: HtmxHttpRequest) -> HttpResponse:
             if candidate.has_values:
                 task, matrix = other, candidate
                 break
-    ctx = {
+    return {
         "tasks": tasks,
         "task": task,
         "matrix": matrix,
         "metrics": pages_regions.METRICS.items(),
         "ranges": RANGES.values(),
+        "built_at": now,
         "cap_notices": _cap_notices([task] if task else [], now),
     }
-    return render(request, _partial(request, "front/regions.html", {"matrix-body"}), ctx)
+
+
+@readonly_page
+def regions(request: HtmxHttpRequest) -> HttpResponse:
+    not_before = hidden_before(request)
+    parse_range(request.GET, not_before=not_before)  # a bad range is this read's error
+    build = functools.partial(_regions_body, request.GET.dict(), not_before)
+    body = shared.body(request, "front/regions.html#matrix-body", build, hidden=not_before)
+    if _partial(request, "front/regions.html", {"matrix-body"}) != "front/regions.html":
+        return HttpResponse(body)
+    return render(request, "front/regions.html", {"body": body})
+
+
+def _log_known() -> tuple[list[Task], list[Route], list[Region]]:
+    return (
+        list(Task.objects.order_by("name")),
+        list(Route.objects.select_related("provider").order_by("provider__name", "model_id")),
+        list(Region.objects.order_by("name")),
+    )
+
+
+def _log_body(
+    params: Mapping[str, str], not_before: datetime | None, now: datetime
+) -> dict[str, Any]:
+    f = pages_log.parse_filter(params)
+    f.not_before = not_before
+    cursor = pages_log.Cursor.decode(params.get("before"))
+    tasks, routes, regions_all = _log_known()
+    return {
+        "page": pages_log.page(f, cursor, now, known=[*tasks, *routes, *regions_all]),
+        "query": f.query(),
+        "export_limit": settings.EXPORT_MAX_ROWS,
+        "built_at": now,
+    }
 
 
 @readonly_page
 def probe_log(request: HtmxHttpRequest) -> HttpResponse:
-    f = pages_log.parse_filter(request.GET)
-    f.not_before = hidden_until(request)
-    cursor = pages_log.Cursor.decode(request.GET.get("before"))
-    tasks = list(Task.objects.order_by("name"))
-    routes = list(Route.objects.select_related("provider").order_by("provider__name", "model_id"))
-    regions_all = list(Region.objects.order_by("name"))
-    data = pages_log.page(f, cursor, timezone.now(), known=[*tasks, *routes, *regions_all])
+    not_before = hidden_until(request)
+    build = functools.partial(_log_body, request.GET.dict(), not_before)
+    body = shared.body(request, "front/log.html#log-body", build, hidden=not_before)
+    if _partial(request, "front/log.html", {"log-body"}) != "front/log.html":
+        return HttpResponse(body)
+    tasks, routes, regions_all = _log_known()
     ctx = {
-        "page": data,
-        "f": f,
+        "body": body,
+        "f": pages_log.parse_filter(request.GET),
         "tasks": tasks,
         "routes": routes,
         "regions_all": regions_all,
         "outcomes": OUTCOMES,
         "error_kinds": ERROR_KINDS,
         "ranges": pages_log.LOG_RANGES.keys(),
-        "query": f.query(),
-        "export_limit": settings.EXPORT_MAX_ROWS,
     }
-    return render(request, _partial(request, "front/log.html", {"log-body"}), ctx)
+    return render(request, "front/log.html", ctx)
 
 
 @readonly_page
 def races(request: HtmxHttpRequest) -> HttpResponse:
     tasks = list(Task.objects.filter(is_active=True).order_by("name"))
-    task = _task(request, tasks)
+    task = _task(request.GET, tasks)
     region = _region(request.GET.get("region"), task) if task else None
     window = parse_range(request.GET, not_before=hidden_before(request))
     ctx = {
@@ -352,12 +423,20 @@ def status(request: HtmxHttpRequest) -> HttpResponse:
         ],
         "tick": Heartbeat.objects.filter(name=HEARTBEAT_TICK).first(),
         "cap_notices": _cap_notices(Task.objects.filter(is_active=True), now),
+        "schedules": shared.body(request, "front/status.html#status-regions", _status_regions),
+        "now": now,
+    }
+    return render(request, "front/status.html", ctx)
+
+
+def _status_regions(now: datetime) -> dict[str, Any]:
+    return {
         "regions": monitoring.regions_health(now, with_idle=True),
         "lag_bound_s": settings.START_LAG_MAX_SECONDS,
         "clock_tolerance_s": settings.CLOCK_TOLERANCE_SECONDS,
         "now": now,
+        "built_at": now,
     }
-    return render(request, "front/status.html", ctx)
 
 
 @staff_member_required
