@@ -106,7 +106,7 @@ try:
     # long, then built again in the background while readers get the last one for up to
     # PAGE_SHARE_MAX_AGE_SECONDS (monitor.pages.shared). 0: every read builds its own.
     PAGE_SHARE_SECONDS = envint("PAGE_SHARE_SECONDS", 5, minimum=0, maximum=300)
-    PAGE_SHARE_MAX_AGE_SECONDS = envint("PAGE_SHARE_MAX_AGE_SECONDS", 15, minimum=0, maximum=900)
+    PAGE_SHARE_MAX_AGE_SECONDS = envint("PAGE_SHARE_MAX_AGE_SECONDS", 7, minimum=0, maximum=900)
     METRICS_BEARER_TOKEN = envsecret("METRICS_BEARER_TOKEN")
     # OTLP/HTTP export of each stored probe as OpenTelemetry GenAI metrics, from ingest
     # (monitor.pipeline.ingest.genai_otlp); off unless one of these is set. The SDK reads the rest

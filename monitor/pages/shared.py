@@ -70,7 +70,7 @@ def body(request: HtmxHttpRequest, part: str, build: Build, *, hidden: object = 
         request.path,
         tuple(sorted((name, tuple(values)) for name, values in request.GET.lists())),
         str(hidden),
-        _config_version(),
+        _config_version(request),
     )
     with _lock:
         kept = _bodies.get(key)
@@ -136,10 +136,14 @@ def _build_in_background(key: Key, part: str, build: Build) -> None:
         close_old_connections()
 
 
-def _config_version() -> int:
-    return (
-        Heartbeat.objects.filter(name=CONFIG_VERSION).values_list("count", flat=True).first() or 0
-    )
+def _config_version(request: HtmxHttpRequest) -> int:
+    """Read once per request (a page may share more than one part)."""
+    version: int | None = getattr(request, "_rw_config_version", None)
+    if version is None:
+        found = Heartbeat.objects.filter(name=CONFIG_VERSION).values_list("count", flat=True)
+        version = found.first() or 0
+        request._rw_config_version = version  # type: ignore[attr-defined]
+    return version
 
 
 def config_changed(**kwargs: Any) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import redis
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
@@ -149,10 +150,8 @@ def overview(request: HtmxHttpRequest) -> HttpResponse:
 
 
 def _task_body(
-    pk: int, params: Mapping[str, str], not_before: datetime | None, now: datetime
+    task: Task, params: Mapping[str, str], not_before: datetime | None, now: datetime
 ) -> dict[str, Any]:
-    # Its steps with it: the choice, the scenario panel and the calculator each ask for them.
-    task = Task.objects.prefetch_related("steps").get(pk=pk)
     region = _region(params.get("region"), task)
     window = parse_range(params, not_before=not_before)
     data = pages_task.build(task, region, window, dict(params), now)
@@ -172,28 +171,24 @@ def _task_body(
 
 @readonly_page
 def task_detail(request: HtmxHttpRequest, slug: str) -> HttpResponse:
-    task = get_object_or_404(Task, slug=slug)
+    # Its steps with it: the choice, the scenario panel and the calculator each ask for them.
+    task = get_object_or_404(Task.objects.prefetch_related("steps"), slug=slug)
     not_before = hidden_before(request)
     parse_range(request.GET, not_before=not_before)  # a bad range is this read's error
     template = _partial(request, "front/task.html", {"whatif", "task-body"})
     part = template if "#" in template else f"{template}#task-body"
-    build = functools.partial(_task_body, task.pk, request.GET.dict(), not_before)
+    build = functools.partial(_task_body, task, request.GET.dict(), not_before)
     body = shared.body(request, part, build, hidden=not_before)
     if part == template:  # htmx asked for the body or the calculator
         return HttpResponse(body)
     return render(request, template, {"task": task, "body": body})
 
 
-def _route_tasks(route: Route) -> list[Task]:
-    # The task chips and the chosen task in one read; its steps with it (is it a scenario?).
-    return list(route.tasks.filter(is_active=True).order_by("name").prefetch_related("steps"))
-
-
 def _route_body(
-    pk: int, params: Mapping[str, str], not_before: datetime | None, now: datetime
+    route: Route, params: Mapping[str, str], not_before: datetime | None, now: datetime
 ) -> dict[str, Any]:
-    route = Route.objects.select_related("provider").get(pk=pk)
-    tasks = _route_tasks(route)
+    # The task chips and the chosen task in one read; its steps with it (is it a scenario?).
+    tasks = list(route.tasks.filter(is_active=True).order_by("name").prefetch_related("steps"))
     task = _task(params, tasks)
     region = _region(params.get("region"), task) if task else None
     window = parse_range(params, not_before=not_before)
@@ -201,6 +196,7 @@ def _route_body(
         "page": pages_route.build(route, tasks, task, region, window, now),
         "scenario": pages_scenario.build(route, task, region, window, now) if task else None,
         "route": route,
+        "task": task,
         "ranges": RANGES.values(),
         "now": now,
         "built_at": now,
@@ -213,12 +209,11 @@ def route_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     route = get_object_or_404(Route.objects.select_related("provider"), pk=pk)
     not_before = hidden_before(request)
     parse_range(request.GET, not_before=not_before)  # a bad range is this read's error
-    build = functools.partial(_route_body, route.pk, request.GET.dict(), not_before)
+    build = functools.partial(_route_body, route, request.GET.dict(), not_before)
     body = shared.body(request, "front/route.html#route-body", build, hidden=not_before)
     if _partial(request, "front/route.html", {"route-body"}) != "front/route.html":
         return HttpResponse(body)
-    ctx = {"route": route, "task": _task(request.GET, _route_tasks(route)), "body": body}
-    return render(request, "front/route.html", ctx)
+    return render(request, "front/route.html", {"route": route, "body": body})
 
 
 def _regions_body(
@@ -259,48 +254,59 @@ def regions(request: HtmxHttpRequest) -> HttpResponse:
     return render(request, "front/regions.html", {"body": body})
 
 
-def _log_known() -> tuple[list[Task], list[Route], list[Region]]:
-    return (
-        list(Task.objects.order_by("name")),
-        list(Route.objects.select_related("provider").order_by("provider__name", "model_id")),
-        list(Region.objects.order_by("name")),
-    )
+class _LogRead:
+    """What the probe log's two shared parts (its filter form and its rows) are built from,
+    each read once per request, and only by a part that is built."""
 
+    def __init__(self, params: Mapping[str, str], not_before: datetime | None) -> None:
+        self.params, self.not_before = params, not_before
 
-def _log_body(
-    params: Mapping[str, str], not_before: datetime | None, now: datetime
-) -> dict[str, Any]:
-    f = pages_log.parse_filter(params)
-    f.not_before = not_before
-    cursor = pages_log.Cursor.decode(params.get("before"))
-    tasks, routes, regions_all = _log_known()
-    return {
-        "page": pages_log.page(f, cursor, now, known=[*tasks, *routes, *regions_all]),
-        "query": f.query(),
-        "export_limit": settings.EXPORT_MAX_ROWS,
-        "built_at": now,
-    }
+    @functools.cached_property
+    def known(self) -> tuple[list[Task], list[Route], list[Region]]:
+        return (
+            list(Task.objects.order_by("name")),
+            list(Route.objects.select_related("provider").order_by("provider__name", "model_id")),
+            list(Region.objects.order_by("name")),
+        )
+
+    @functools.cached_property
+    def filter(self) -> pages_log.LogFilter:
+        f = pages_log.parse_filter(self.params)
+        f.not_before = self.not_before
+        return f
+
+    def form(self, now: datetime) -> dict[str, Any]:
+        tasks, routes, regions_all = self.known
+        return {
+            "f": self.filter,
+            "tasks": tasks,
+            "routes": routes,
+            "regions_all": regions_all,
+            "outcomes": OUTCOMES,
+            "error_kinds": ERROR_KINDS,
+            "ranges": pages_log.LOG_RANGES.keys(),
+        }
+
+    def rows(self, now: datetime) -> dict[str, Any]:
+        tasks, routes, regions_all = self.known
+        cursor = pages_log.Cursor.decode(self.params.get("before"))
+        return {
+            "page": pages_log.page(self.filter, cursor, now, known=[*tasks, *routes, *regions_all]),
+            "query": self.filter.query(),
+            "export_limit": settings.EXPORT_MAX_ROWS,
+            "built_at": now,
+        }
 
 
 @readonly_page
 def probe_log(request: HtmxHttpRequest) -> HttpResponse:
     not_before = hidden_until(request)
-    build = functools.partial(_log_body, request.GET.dict(), not_before)
-    body = shared.body(request, "front/log.html#log-body", build, hidden=not_before)
+    read = _LogRead(request.GET.dict(), not_before)
+    body = shared.body(request, "front/log.html#log-body", read.rows, hidden=not_before)
     if _partial(request, "front/log.html", {"log-body"}) != "front/log.html":
         return HttpResponse(body)
-    tasks, routes, regions_all = _log_known()
-    ctx = {
-        "body": body,
-        "f": pages_log.parse_filter(request.GET),
-        "tasks": tasks,
-        "routes": routes,
-        "regions_all": regions_all,
-        "outcomes": OUTCOMES,
-        "error_kinds": ERROR_KINDS,
-        "ranges": pages_log.LOG_RANGES.keys(),
-    }
-    return render(request, "front/log.html", ctx)
+    form = shared.body(request, "front/log.html#log-filter", read.form, hidden=not_before)
+    return render(request, "front/log.html", {"body": body, "form": form})
 
 
 @readonly_page
@@ -408,14 +414,9 @@ def _cap_notices(tasks: Iterable[Task], now: datetime) -> list[spend.CapState]:
     return list(spend.cap_states(tasks, now).values())
 
 
-@readonly_page
-@require_GET
-def status(request: HtmxHttpRequest) -> HttpResponse:
-    """The pipeline's health: queue depths, unacknowledged and parked messages, the tick,
-    and tasks stopped by their spend caps."""
-    now = timezone.now()
+def _status_body(now: datetime) -> dict[str, Any]:
     figures = _broker_figures()
-    ctx = {
+    return {
         "figures": figures,
         "letters": [
             {**letter, "parked": datetime.fromtimestamp(letter["parked_at"], UTC)}
@@ -423,20 +424,28 @@ def status(request: HtmxHttpRequest) -> HttpResponse:
         ],
         "tick": Heartbeat.objects.filter(name=HEARTBEAT_TICK).first(),
         "cap_notices": _cap_notices(Task.objects.filter(is_active=True), now),
-        "schedules": shared.body(request, "front/status.html#status-regions", _status_regions),
-        "now": now,
-    }
-    return render(request, "front/status.html", ctx)
-
-
-def _status_regions(now: datetime) -> dict[str, Any]:
-    return {
         "regions": monitoring.regions_health(now, with_idle=True),
         "lag_bound_s": settings.START_LAG_MAX_SECONDS,
         "clock_tolerance_s": settings.CLOCK_TOLERANCE_SECONDS,
         "now": now,
         "built_at": now,
     }
+
+
+@readonly_page
+@require_GET
+def status(request: HtmxHttpRequest) -> HttpResponse:
+    """The pipeline's health: queue depths, unacknowledged and parked messages, the tick,
+    and tasks stopped by their spend caps."""
+    ctx: dict[str, Any] = {
+        "body": shared.body(request, "front/status.html#status-body", _status_body)
+    }
+    if request.user.is_staff:  # the replay button carries this reader's CSRF token: never shared
+        try:
+            ctx["dead_letters"] = queues.dead_letter_count()
+        except redis.RedisError:
+            ctx["dead_letters"] = 0  # the body says the broker does not answer
+    return render(request, "front/status.html", ctx)
 
 
 @staff_member_required

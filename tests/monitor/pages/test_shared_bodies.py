@@ -86,6 +86,9 @@ def test_every_viewer_reads_one_build_and_gets_their_own_frame(
     theirs, read = _read(second, reverse("rw-log"))
     assert _read_results(built)
     assert not _read_results(read), "the second viewer's read built the body again"
+    # Nor its filter form: the lists of tasks, routes and regions are read by the first only.
+    assert any('FROM "monitor_route"' in q for q in built)
+    assert not any('FROM "monitor_route"' in q for q in read)
     assert _log_body(theirs) == _log_body(mine)
     assert len(_rows(theirs)) == 3
     # Each reader's frame is their own: the name beside the log-out button.
