@@ -21,6 +21,19 @@ def without_jit(connection: BaseDatabaseWrapper, **_: Any) -> None:
             cursor.execute("SET jit = off")
 
 
+def config_changed(**kwargs: Any) -> None:
+    """A provider, route, region, task, eval case or scenario step was saved or deleted, or a
+    task's routes or regions changed: the configuration's version counts one more, in the same
+    transaction, so every web process builds its pages' bodies again (monitor.pages.shared)."""
+    from monitor.models import HEARTBEAT_CONFIG_VERSION, Heartbeat
+
+    if kwargs.get("raw"):
+        return  # loaddata writes its rows as they are
+    if not str(kwargs.get("action", "post_")).startswith("post_"):
+        return  # m2m_changed's pre_add, pre_remove, pre_clear: the post_ one follows
+    Heartbeat.add(HEARTBEAT_CONFIG_VERSION)
+
+
 class MonitorConfig(AppConfig):
     name = "monitor"
     verbose_name = "Routewatch"
@@ -37,7 +50,6 @@ class MonitorConfig(AppConfig):
         from monitor.answer import board
         from monitor.logfilters import redact_every_handler
         from monitor.models import EvalCase, Provider, Region, Route, ScenarioStep, Task
-        from monitor.pages import shared
 
         # Logging is configured by now (django.setup runs it before the apps are ready).
         redact_every_handler()
@@ -51,11 +63,7 @@ class MonitorConfig(AppConfig):
             m2m_changed.connect(board.forget, sender=through, dispatch_uid=f"forget-{through}")
         # And every page body a web process keeps is built again (monitor.pages.shared).
         for changed in (Provider, Route, Region, Task, EvalCase, ScenarioStep):
-            post_save.connect(shared.config_changed, sender=changed, dispatch_uid=f"cfg-{changed}")
-            post_delete.connect(
-                shared.config_changed, sender=changed, dispatch_uid=f"cfg-d-{changed}"
-            )
+            post_save.connect(config_changed, sender=changed, dispatch_uid=f"cfg-{changed}")
+            post_delete.connect(config_changed, sender=changed, dispatch_uid=f"cfg-d-{changed}")
         for through in (Task.routes.through, Task.regions.through):
-            m2m_changed.connect(
-                shared.config_changed, sender=through, dispatch_uid=f"cfg-{through}"
-            )
+            m2m_changed.connect(config_changed, sender=through, dispatch_uid=f"cfg-{through}")

@@ -216,6 +216,9 @@ class GeneratedSpan(models.Model):
 # Beat's tick (monitor.tasks.tick) checks in under this name: its freshness says whether beat
 # is ticking.
 HEARTBEAT_TICK = "tick"
+# A counter every configuration change adds to (monitor.apps): pages built for every viewer
+# are keyed by it (monitor.pages.shared).
+HEARTBEAT_CONFIG_VERSION = "config-version"
 
 
 class Heartbeat(models.Model):

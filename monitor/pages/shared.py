@@ -39,13 +39,11 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 from django.utils.safestring import SafeString, mark_safe
 
-from monitor.models import Heartbeat
+from monitor.models import HEARTBEAT_CONFIG_VERSION, Heartbeat
 from monitor.pages.http import HtmxHttpRequest
 
 log = logging.getLogger(__name__)
 
-# The counter every configuration change adds to (monitor_heartbeat, one row).
-CONFIG_VERSION = "config-version"
 # Bodies a process keeps (least recently read dropped first): ~20-40 KB each.
 KEEP = 256
 
@@ -140,17 +138,9 @@ def _config_version(request: HtmxHttpRequest) -> int:
     """Read once per request (a page may share more than one part)."""
     version: int | None = getattr(request, "_rw_config_version", None)
     if version is None:
-        found = Heartbeat.objects.filter(name=CONFIG_VERSION).values_list("count", flat=True)
+        found = Heartbeat.objects.filter(name=HEARTBEAT_CONFIG_VERSION).values_list(
+            "count", flat=True
+        )
         version = found.first() or 0
         request._rw_config_version = version  # type: ignore[attr-defined]
     return version
-
-
-def config_changed(**kwargs: Any) -> None:
-    """A signal receiver (monitor.apps): a provider, route, region, task, eval case or
-    scenario step was saved or deleted, or a task's routes or regions changed."""
-    if kwargs.get("raw"):
-        return  # loaddata writes its rows as they are
-    if not str(kwargs.get("action", "post_")).startswith("post_"):
-        return  # m2m_changed's pre_add, pre_remove, pre_clear: the post_ one follows
-    Heartbeat.add(CONFIG_VERSION)
