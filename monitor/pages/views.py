@@ -255,8 +255,8 @@ def regions(request: HtmxHttpRequest) -> HttpResponse:
 
 
 class _LogRead:
-    """What the probe log's two shared parts (its filter form and its rows) are built from,
-    each read once per request, and only by a part that is built."""
+    """What the probe log's shared parts (its filter form and rows, or its rows alone for
+    htmx) are built from, read only when a part is built."""
 
     def __init__(self, params: Mapping[str, str], not_before: datetime | None) -> None:
         self.params, self.not_before = params, not_before
@@ -275,9 +275,10 @@ class _LogRead:
         f.not_before = self.not_before
         return f
 
-    def form(self, now: datetime) -> dict[str, Any]:
+    def page(self, now: datetime) -> dict[str, Any]:
         tasks, routes, regions_all = self.known
         return {
+            **self.rows(now),
             "f": self.filter,
             "tasks": tasks,
             "routes": routes,
@@ -302,11 +303,12 @@ class _LogRead:
 def probe_log(request: HtmxHttpRequest) -> HttpResponse:
     not_before = hidden_until(request)
     read = _LogRead(request.GET.dict(), not_before)
-    body = shared.body(request, "front/log.html#log-body", read.rows, hidden=not_before)
     if _partial(request, "front/log.html", {"log-body"}) != "front/log.html":
+        body = shared.body(request, "front/log.html#log-body", read.rows, hidden=not_before)
         return HttpResponse(body)
-    form = shared.body(request, "front/log.html#log-filter", read.form, hidden=not_before)
-    return render(request, "front/log.html", {"body": body, "form": form})
+    # The filter form with the rows: one part, outside the rows htmx swaps (focus stays).
+    body = shared.body(request, "front/log.html#log-page", read.page, hidden=not_before)
+    return render(request, "front/log.html", {"body": body})
 
 
 @readonly_page
