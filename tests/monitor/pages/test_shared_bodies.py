@@ -148,3 +148,33 @@ def test_a_configuration_change_shows_at_once(sharing: None, world: Task, teamma
     # The same for a region added to the task: the matrix names it at once.
     world.regions.add(f.region("ap-south"))
     assert 'data-region="ap-south"' in _read(client, reverse("rw-regions"))[0]
+
+
+def test_no_page_shares_what_belongs_to_its_first_reader(
+    sharing: None, world: Task, django_user_model: type[User], teammate: User
+) -> None:
+    """Every shared page read first by a staff user, then by a teammate: the teammate's page
+    carries nothing of the first reader's (their name, a CSRF token, staff-only parts)."""
+    staff = django_user_model.objects.create_user("staffer", "s@example.com", "pw-staff-1")
+    staff.is_staff = True
+    staff.save()
+    first, second = Client(), Client()
+    first.force_login(staff)
+    second.force_login(teammate)
+    route = world.routes.get()
+    urls = [
+        reverse("rw-overview"),
+        reverse("rw-task", args=[world.slug]),
+        reverse("rw-route", args=[route.pk]),
+        reverse("rw-regions"),
+        reverse("rw-log"),
+        reverse("rw-status"),
+    ]
+    for url in urls:
+        staff_page, _ = _read(first, url)
+        assert "<span>staffer</span>" in staff_page
+        page, sql = _read(second, url)
+        assert not any("monitor_rollup" in q or "monitor_proberesult" in q for q in sql), url
+        assert "staffer" not in page, url
+        assert page.count("csrfmiddlewaretoken") == 1, url  # its own log-out form's only
+        assert 'href="/admin/"' not in page, url  # the staff link is the frame's
