@@ -55,15 +55,11 @@ class MonitorConfig(AppConfig):
         redact_every_handler()
 
         connection_created.connect(without_jit, dispatch_uid="monitor-without-jit")
-        # A configuration change shows on the overview at once, not at its next rebuild.
-        for model in (Provider, Route, Region, Task, EvalCase):
-            post_save.connect(board.forget, sender=model, dispatch_uid=f"forget-{model}")
-            post_delete.connect(board.forget, sender=model, dispatch_uid=f"forget-d-{model}")
-        for through in (Task.routes.through, Task.regions.through):
-            m2m_changed.connect(board.forget, sender=through, dispatch_uid=f"forget-{through}")
-        # And every page body a web process keeps is built again (monitor.pages.shared).
-        for changed in (Provider, Route, Region, Task, EvalCase, ScenarioStep):
-            post_save.connect(config_changed, sender=changed, dispatch_uid=f"cfg-{changed}")
-            post_delete.connect(config_changed, sender=changed, dispatch_uid=f"cfg-d-{changed}")
-        for through in (Task.routes.through, Task.regions.through):
-            m2m_changed.connect(config_changed, sender=through, dispatch_uid=f"cfg-{through}")
+        # A configuration change shows at once: the overview's snapshot is dropped, and every
+        # page body a web process keeps is built again (monitor.pages.shared).
+        for receiver, name in ((board.forget, "forget"), (config_changed, "cfg")):
+            for model in (Provider, Route, Region, Task, EvalCase, ScenarioStep):
+                post_save.connect(receiver, sender=model, dispatch_uid=f"{name}-{model}")
+                post_delete.connect(receiver, sender=model, dispatch_uid=f"{name}-d-{model}")
+            for through in (Task.routes.through, Task.regions.through):
+                m2m_changed.connect(receiver, sender=through, dispatch_uid=f"{name}-{through}")

@@ -1,8 +1,8 @@
 """A page's body built once for every viewer: its figures read from the rollups and rendered.
 
-The costly part of a dashboard page is its body (the part htmx swaps: the overview's rows, the
-regions matrix, the task's ranking, the route's charts, the probe log's rows, the Status page's
-schedule table), and it is the same for every reader who asks with the same URL. Built for each
+The costly part of a dashboard page is its body (the overview's rows, the regions matrix, the
+task's ranking, the route's charts, the probe log's filter form and rows, the Status page's
+whole body), and it is the same for every reader who asks with the same URL. Built for each
 read, six pages watched under load took 150-250 ms at p95 on a 2-core machine, mostly their own
 CPU and their wait for one. So a web process keeps each body it built, by what decides its
 content, and hands it to the next readers:
@@ -52,7 +52,7 @@ Build = Callable[[datetime], dict[str, Any]]
 Key = tuple[Any, ...]
 
 _lock = threading.Lock()
-_bodies: OrderedDict[Key, tuple[str, float]] = OrderedDict()  # key -> (html, built, monotonic)
+_bodies: OrderedDict[Key, tuple[str, float]] = OrderedDict()  # key -> (html, monotonic built)
 _building: set[Key] = set()
 _builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rw-page-body")
 
@@ -68,7 +68,7 @@ def body(request: HtmxHttpRequest, part: str, build: Build, *, hidden: object = 
         request.path,
         tuple(sorted((name, tuple(values)) for name, values in request.GET.lists())),
         str(hidden),
-        _config_version(request),
+        _config_version(),
     )
     with _lock:
         kept = _bodies.get(key)
@@ -134,13 +134,6 @@ def _build_in_background(key: Key, part: str, build: Build) -> None:
         close_old_connections()
 
 
-def _config_version(request: HtmxHttpRequest) -> int:
-    """Read once per request (a page may share more than one part)."""
-    version: int | None = getattr(request, "_rw_config_version", None)
-    if version is None:
-        found = Heartbeat.objects.filter(name=HEARTBEAT_CONFIG_VERSION).values_list(
-            "count", flat=True
-        )
-        version = found.first() or 0
-        request._rw_config_version = version  # type: ignore[attr-defined]
-    return version
+def _config_version() -> int:
+    found = Heartbeat.objects.filter(name=HEARTBEAT_CONFIG_VERSION).values_list("count", flat=True)
+    return found.first() or 0
