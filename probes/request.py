@@ -19,7 +19,7 @@ from typing import Any
 import httpcore2
 import httpx2
 
-from probes.transport import ProbeClient
+from probes.transport import DirectRequest, ProbeClient
 
 __all__ = ["Outgoing", "build_request", "send"]
 
@@ -81,6 +81,7 @@ class Outgoing:
     headers: list[tuple[bytes, bytes]]
     core: httpcore2.Request | None = None
     request: httpx2.Request | None = None
+    direct: DirectRequest | None = None
 
 
 def build_request(
@@ -101,6 +102,10 @@ def build_request(
         )
         return Outgoing(head.url, request.headers.raw, request=request)
     raw = head.raw(len(body), client.cookies)
+    if client.probe_transport.direct is not None:
+        return Outgoing(
+            head.url, raw, direct=DirectRequest(b"POST", head.core_url, raw, body, trace)
+        )
     core = httpcore2.Request(
         method=b"POST",
         url=head.core_url,
@@ -116,11 +121,15 @@ async def send(client: httpx2.AsyncClient, outgoing: Outgoing) -> httpx2.Respons
     stream=True)` gives it: a redirect answered, not followed; the response's Set-Cookie kept
     in the client's cookies (httpx2's own extract). For a ProbeClient, straight to its
     transport: none of httpx2's send, auth and redirect layers, nor its stream wrapper."""
-    if outgoing.core is None:
-        assert outgoing.request is not None
+    if outgoing.request is not None:
         return await client.send(outgoing.request, stream=True)
     assert isinstance(client, ProbeClient)
-    response = await client.probe_transport.send_core(outgoing.core)
+    transport = client.probe_transport
+    if outgoing.direct is not None and transport.direct is not None:
+        response = await transport.direct.send(outgoing.direct)
+    else:
+        assert outgoing.core is not None
+        response = await transport.send_core(outgoing.core)
     if "set-cookie" in response.headers or "set-cookie2" in response.headers:
         response.request = httpx2.Request("POST", outgoing.url, headers=outgoing.headers)
         client.cookies.extract_cookies(response)

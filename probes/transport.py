@@ -23,6 +23,7 @@ to the engine from the event loop's callback); hence a module of some 700 lines.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import ipaddress
 import re
@@ -39,7 +40,7 @@ import httpcore2
 import httpx2
 
 from probes.errors import BlockedAddress, ResolutionError
-from probes.netstream import AsyncioBackend, AsyncioStream, write_done
+from probes.netstream import READ_SIZE, AsyncioBackend, AsyncioStream, write_done
 
 __all__ = [
     "BlockedAddress",
@@ -249,6 +250,14 @@ _MAPPED: tuple[tuple[type[Exception], type[httpx2.TransportError]], ...] = (
 )
 
 
+def _mapped(exc: Exception) -> Exception:
+    """httpcore2's exception as httpx2's (what an httpx2 transport raises); any other as is."""
+    for theirs, ours in _MAPPED:
+        if isinstance(exc, theirs):
+            return ours(str(exc))
+    return exc
+
+
 class CoreBody(Protocol):
     """httpcore2's response body stream (its pool's): iterated once, then closed."""
 
@@ -278,8 +287,13 @@ class ProbeTransport(httpx2.AsyncBaseTransport):
     more: the response carries httpcore2's body stream in its extensions (CORE_BODY), since
     httpx2's client wraps the response stream in a layer of its own on the way out."""
 
-    def __init__(self, pool: httpcore2.AsyncConnectionPool) -> None:
+    def __init__(
+        self, pool: httpcore2.AsyncConnectionPool, direct: DirectPool | None = None
+    ) -> None:
         self.pool = pool
+        # A client that speaks HTTP/1.1 only sends its probes' requests through this instead
+        # (probes.request.send); httpx2's own requests still go through the pool.
+        self.direct = direct
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         url = request.url
@@ -299,10 +313,7 @@ class ProbeTransport(httpx2.AsyncBaseTransport):
         try:
             core = await self.pool.handle_async_request(core_request)
         except Exception as exc:
-            for theirs, ours in _MAPPED:
-                if isinstance(exc, theirs):
-                    raise ours(str(exc)) from exc
-            raise
+            raise _mapped(exc) from exc
         # An async pool's response body is async, with aclose (httpcore2's PoolByteStream).
         body = cast(CoreBody, core.stream)
         extensions = dict(core.extensions)
@@ -315,6 +326,8 @@ class ProbeTransport(httpx2.AsyncBaseTransport):
         )
 
     async def aclose(self) -> None:
+        if self.direct is not None:
+            await self.direct.aclose()
         await self.pool.aclose()
 
 
@@ -420,14 +433,29 @@ class ChunkedBody:
 class _HTTP11(httpcore2.AsyncHTTP11Connection):
     """httpcore2's HTTP/1.1 connection, reading a chunked response body with ChunkedBody.
 
-    This overrides two private methods of httpcore2 2.16 (pinned below 2.17 in pyproject.toml),
-    _receive_response_body, and _receive_response_headers (only to have the head's reads end
-    with the head), and uses the connection's h11 state and network stream from inside: no
-    public hook lets a body be read without an h11 event per chunk. A body that is not chunked
+    This overrides three private methods of httpcore2 2.16 (pinned below 2.17 in
+    pyproject.toml): _receive_response_body, _receive_response_headers (only to have the head's
+    reads end with the head) and _send_event (only to send the request's head with its body, in
+    one write), and uses the connection's h11 state and network stream from inside: no public
+    hook lets a body be read without an h11 event per chunk. A body that is not chunked
     is read by httpcore2 as before. tests/probes/test_chunked_body.py holds ChunkedBody to h11,
     and this class to keep-alive however the reads fall."""
 
     _chunked = False
+    _held = b""  # the request's head, sent with the body's first bytes
+
+    async def _send_event(self, event: h11.Event, timeout: float | None = None) -> None:
+        # The head and the body in one write: httpcore2 writes each h11 event on its own, a
+        # send() and a loopback or network packet more a probe (the head's). The head is sent
+        # with the first body data, or at the end of the message if the body is empty.
+        data = self._h11_state.send(event)
+        if type(event) is h11.Request:
+            self._held = data or b""
+            return
+        if self._held:
+            data, self._held = self._held + (data or b""), b""
+        if data:
+            await self._network_stream.write(data, timeout=timeout)
 
     async def _receive_response_headers(
         self, request: httpcore2.Request
@@ -465,80 +493,108 @@ class _HTTP11(httpcore2.AsyncHTTP11Connection):
         return response
 
     async def _pump_body(self, request: httpcore2.Request, consume: Consume) -> None:
-        """The chunked body handed to `consume` a read at a time, as _receive_response_body
-        yields it (the same bytes from the same reads, the same errors), each read with its
-        arrival; from the reads after the head on, straight from the event loop's callback
-        (AsyncioStream.divert). Instead of _receive_response_body, not with it."""
+        """pump_chunked for this connection: instead of _receive_response_body, not with it."""
         self._chunked = False
         stream = self._network_stream
         assert isinstance(stream, AsyncioStream)
-        body = ChunkedBody(self.MAX_INCOMPLETE_EVENT_SIZE)
-        h11_state = self._h11_state
-        data = h11_state.trailing_data[0]
-        chunked = True
-        while data:  # what h11 holds: as in _receive_response_body
-            held, reads_on = _h11_step(h11_state, body, data)
-            if held:
-                consume(held, stream.arrived_at())
-            if reads_on is not None:
-                chunked = reads_on
-                break
-            data = await stream.read(self.READ_NUM_BYTES)
-            h11_state.receive_data(data)
-            chunked = bool(data)
-        if chunked:
-            end: bytes | None = None
-
-            def sink(data: bytes, now: float) -> bool:
-                nonlocal end
-                decoded, end = body.feed(data)
-                if decoded:
-                    consume(decoded, now)
-                if body.failure is not None:
-                    raise body.failure
-                return end is not None
-
-            if not await stream.divert(sink):  # the stream ended or failed first
-                await stream.read(self.READ_NUM_BYTES)  # its ReadError, if it failed
-                raise body.eof_error()
-            assert end is not None
-            h11_state.receive_data(end)
-        async for chunk in super()._receive_response_body(request):
-            consume(chunk, stream.arrived_at())
+        rest = functools.partial(super()._receive_response_body, request)
+        await pump_chunked(self._h11_state, stream, consume, rest)
 
     async def _receive_response_body(self, request: httpcore2.Request) -> AsyncGenerator[bytes]:
         chunked, self._chunked = self._chunked, False
         timeout = request.extensions.get("timeout", {}).get("read", None)
-        body = ChunkedBody(self.MAX_INCOMPLETE_EVENT_SIZE)
-        h11_state, stream = self._h11_state, self._network_stream
-        data = h11_state.trailing_data[0] if chunked else b""
-        # What h11 holds (it came in with the headers) is h11's to read, and so is each read
-        # after it until one ends with a whole chunk: ChunkedBody follows along only to tell
-        # where that is. From there on, ChunkedBody reads.
-        while chunked and data:
-            held, reads_on = _h11_step(h11_state, body, data)
-            if held:
-                yield held
-            if reads_on is not None:
-                chunked = reads_on
-                break
-            data = await stream.read(self.READ_NUM_BYTES, timeout=timeout)
-            h11_state.receive_data(data)
-            chunked = bool(data)  # at the end of the stream, h11 says what is missing
-        while chunked:
-            data = await stream.read(self.READ_NUM_BYTES, timeout=timeout)
-            if not data:
-                raise body.eof_error()
-            decoded, rest = body.feed(data)
+        rest = functools.partial(super()._receive_response_body, request)
+        stream = self._network_stream
+        if not chunked:
+            async for chunk in rest():
+                yield chunk
+            return
+        async for chunk in read_chunked(self._h11_state, stream, timeout, rest):
+            yield chunk
+
+
+async def pump_chunked(
+    h11_state: h11.Connection,
+    stream: AsyncioStream,
+    consume: Consume,
+    rest: Callable[[], AsyncIterator[bytes]],
+) -> None:
+    """A chunked body handed to `consume` a read at a time, as read_chunked yields it (the same
+    bytes from the same reads, the same errors), each read with its arrival; from the reads
+    after the head on, straight from the event loop's callback (AsyncioStream.divert). `rest`
+    is h11's reading of what follows the last chunk (its trailers and the message's end)."""
+    body = ChunkedBody(_HTTP11.MAX_INCOMPLETE_EVENT_SIZE)
+    data = h11_state.trailing_data[0]
+    chunked = True
+    while data:  # what h11 holds: as in read_chunked
+        held, reads_on = _h11_step(h11_state, body, data)
+        if held:
+            consume(held, stream.arrived_at())
+        if reads_on is not None:
+            chunked = reads_on
+            break
+        data = await stream.read(READ_SIZE)
+        h11_state.receive_data(data)
+        chunked = bool(data)
+    if chunked:
+        end: bytes | None = None
+
+        def sink(data: bytes, now: float) -> bool:
+            nonlocal end
+            decoded, end = body.feed(data)
             if decoded:
-                yield decoded
+                consume(decoded, now)
             if body.failure is not None:
                 raise body.failure
-            if rest is not None:
-                h11_state.receive_data(rest)
-                break
-        async for chunk in super()._receive_response_body(request):
-            yield chunk
+            return end is not None
+
+        if not await stream.divert(sink):  # the stream ended or failed first
+            await stream.read(READ_SIZE)  # its ReadError, if it failed
+            raise body.eof_error()
+        assert end is not None
+        h11_state.receive_data(end)
+    async for chunk in rest():
+        consume(chunk, stream.arrived_at())
+
+
+async def read_chunked(
+    h11_state: h11.Connection,
+    stream: httpcore2.AsyncNetworkStream,
+    timeout: float | None,
+    rest: Callable[[], AsyncIterator[bytes]],
+) -> AsyncGenerator[bytes]:
+    """A chunked body read with ChunkedBody rather than by h11 an event per chunk, from what h11
+    holds after the head on; `rest` is h11's reading of what follows the last chunk."""
+    body = ChunkedBody(_HTTP11.MAX_INCOMPLETE_EVENT_SIZE)
+    data = h11_state.trailing_data[0]
+    chunked = True
+    # What h11 holds (it came in with the headers) is h11's to read, and so is each read
+    # after it until one ends with a whole chunk: ChunkedBody follows along only to tell
+    # where that is. From there on, ChunkedBody reads.
+    while chunked and data:
+        held, reads_on = _h11_step(h11_state, body, data)
+        if held:
+            yield held
+        if reads_on is not None:
+            chunked = reads_on
+            break
+        data = await stream.read(READ_SIZE, timeout=timeout)
+        h11_state.receive_data(data)
+        chunked = bool(data)  # at the end of the stream, h11 says what is missing
+    while chunked:
+        data = await stream.read(READ_SIZE, timeout=timeout)
+        if not data:
+            raise body.eof_error()
+        decoded, rest_of_message = body.feed(data)
+        if decoded:
+            yield decoded
+        if body.failure is not None:
+            raise body.failure
+        if rest_of_message is not None:
+            h11_state.receive_data(rest_of_message)
+            break
+    async for chunk in rest():
+        yield chunk
 
 
 def _h11_step(conn: h11.Connection, body: ChunkedBody, data: bytes) -> tuple[bytes, bool | None]:
@@ -628,6 +684,244 @@ class _Pool(httpcore2.AsyncConnectionPool):
         )
 
 
+@dataclass
+class DirectRequest:
+    """A probe's request for a DirectPool: httpcore2's URL, the head httpx2 builds, the body,
+    and the trace callback (httpcore2's trace extension's)."""
+
+    method: bytes
+    url: httpcore2.URL
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+    trace: Callable[[str, dict[str, Any]], Awaitable[None]]
+
+
+class _Kept:
+    """A DirectPool's connection: our stream, its h11 state, when it expires once idle."""
+
+    __slots__ = ("expire_at", "h11", "stream")
+
+    def __init__(self, stream: AsyncioStream) -> None:
+        self.stream = stream
+        self.h11 = h11.Connection(
+            our_role=h11.CLIENT, max_incomplete_event_size=_HTTP11.MAX_INCOMPLETE_EVENT_SIZE
+        )
+        self.expire_at = 0.0
+
+
+class DirectPool:
+    """HTTP/1.1 for a client that speaks nothing else: h11 over our streams, without httpcore2's
+    pool and connection layers.
+
+    httpcore2's pool walks its connections at every request's start and end, under a lock and
+    a cancellation shield, and its HTTP/1.1 connection puts a lock, a trace object per step and
+    two stream wrappers around each exchange: together ~15% of the engine's CPU at 200 streams
+    (bench/RESULTS.md, "A probe's request without httpcore2's pool"). An HTTP/1.1 exchange
+    needs none of it: one request at a time per connection, the connection kept for the next
+    request to its origin if h11 ends the exchange cleanly both ways, closed otherwise. What
+    goes out is what httpcore2 sends (h11's bytes for the same head and body, in one write),
+    the response is read as _HTTP11 reads it (the same chunked readers), and the same
+    httpcore2 exceptions come out, as httpx2's. A kept connection is dropped when it has been
+    idle past the keep-alive expiry or its socket reads as readable (the server closed it, or
+    sent what nobody asked for), as httpcore2's pool drops it; the most recently used goes
+    first. tests/probes/test_chunked_body.py holds both paths to the same bodies and keep-alive,
+    tests/probes/test_request_path.py to the same request."""
+
+    def __init__(self, ssl_context: ssl.SSLContext, keepalive_expiry: float, max_idle: int) -> None:
+        self._ssl_context = ssl_context
+        self._keepalive_expiry = keepalive_expiry
+        self._max_idle = max_idle
+        self._backend = TimedBackend()
+        self._idle: dict[tuple[bytes, bytes, int | None], list[_Kept]] = {}
+        self._closed = False
+
+    async def send(self, request: DirectRequest) -> httpx2.Response:
+        try:
+            return await self._send(request)
+        except Exception as exc:
+            raise _mapped(exc) from exc
+
+    async def aclose(self) -> None:
+        self._closed = True
+        idle, self._idle = self._idle, {}
+        for kept in idle.values():
+            for conn in kept:
+                await conn.stream.aclose()
+
+    async def _send(self, request: DirectRequest) -> httpx2.Response:
+        url = request.url
+        if url.scheme not in (b"http", b"https"):  # httpcore2's pool's words
+            scheme = url.scheme.decode("ascii", errors="replace")
+            raise httpcore2.UnsupportedProtocol(
+                f"Request URL has an unsupported protocol '{scheme}://'."
+            )
+        key = (url.scheme, url.host, url.port)
+        conn = await self._take(key)
+        if conn is None:
+            conn = await self._connect(url, request.trace)
+        try:
+            return await self._exchange(conn, key, request)
+        except BaseException:
+            await conn.stream.aclose()
+            raise
+
+    async def _take(self, key: tuple[bytes, bytes, int | None]) -> _Kept | None:
+        kept = self._idle.get(key)
+        now = time.monotonic()
+        while kept:
+            conn = kept.pop()
+            if conn.expire_at > now and not conn.stream.get_extra_info("is_readable"):
+                return conn
+            await conn.stream.aclose()
+        return None
+
+    async def _connect(
+        self, url: httpcore2.URL, trace: Callable[[str, dict[str, Any]], Awaitable[None]]
+    ) -> _Kept:
+        # httpcore2's connection's steps and trace names (connection.py's _connect).
+        host = url.host.decode("ascii")
+        tls = url.scheme == b"https"
+        port = url.port or (443 if tls else 80)
+        await trace("connection.connect_tcp.started", {"host": host, "port": port})
+        stream = await self._backend.connect_tcp(host, port)
+        await trace("connection.connect_tcp.complete", {"return_value": stream})
+        if tls:
+            await trace("connection.start_tls.started", {"server_hostname": host})
+            self._ssl_context.set_alpn_protocols(["http/1.1"])  # read by start_tls at once
+            try:
+                stream = await stream.start_tls(self._ssl_context, server_hostname=host)
+            except BaseException:
+                await stream.aclose()
+                raise
+            await trace("connection.start_tls.complete", {"return_value": stream})
+        if not isinstance(stream, AsyncioStream):  # TimedBackend's streams are ours
+            raise TypeError(f"not a stream of ours: {stream!r}")
+        return _Kept(stream)
+
+    async def _exchange(
+        self, conn: _Kept, key: tuple[bytes, bytes, int | None], request: DirectRequest
+    ) -> httpx2.Response:
+        state, stream, trace = conn.h11, conn.stream, request.trace
+        await trace("http11.send_request_headers.started", {})
+        try:
+            data = state.send(
+                h11.Request(
+                    method=request.method, target=request.url.target, headers=request.headers
+                )
+            )
+            if request.body:
+                data += state.send(h11.Data(data=request.body))
+            data += state.send(h11.EndOfMessage())
+        except h11.LocalProtocolError as exc:
+            raise httpcore2.LocalProtocolError(str(exc)) from exc
+        # As httpcore2: a server may answer (an error) and close before reading it all.
+        with contextlib.suppress(httpcore2.WriteError):
+            await stream.write(data)
+        await trace("http11.send_request_body.complete", {})
+        # The head's reads end with the head, as _HTTP11's: its body bytes wait in the stream.
+        stream.headers_only = True
+        try:
+            while True:
+                event = _h11_event(state)
+                if event is h11.NEED_DATA:
+                    data = await stream.read(READ_SIZE)
+                    if not data and state.their_state is h11.SEND_RESPONSE:
+                        raise httpcore2.RemoteProtocolError(
+                            "Server disconnected without sending a response."
+                        )
+                    state.receive_data(data)
+                elif isinstance(event, h11.Response) or (
+                    isinstance(event, h11.InformationalResponse) and event.status_code == 101
+                ):
+                    break
+        finally:
+            stream.headers_only = False
+        status = event.status_code
+        body = _KeptBody(self, conn, key)
+        extensions: dict[str, Any] = {
+            "http_version": b"HTTP/" + event.http_version,
+            "reason_phrase": event.reason,
+            "network_stream": stream,
+            CORE_BODY: body,
+        }
+        # h11's framing rules, as _HTTP11.handle_async_request's.
+        if (
+            status >= 200
+            and status not in (204, 304)
+            and request.method not in (b"HEAD", b"CONNECT")
+            and any(name == b"transfer-encoding" for name, _ in event.headers)
+        ):
+            extensions[CHUNKED_BODY] = body.chunked()
+            extensions[CHUNKED_PUMP] = body.pump
+        return httpx2.Response(
+            status_code=status,
+            headers=event.headers.raw_items(),
+            stream=_CoreBody(body),
+            extensions=extensions,
+        )
+
+    async def _release(self, conn: _Kept, key: tuple[bytes, bytes, int | None]) -> None:
+        state = conn.h11
+        if state.our_state is h11.DONE and state.their_state is h11.DONE and not self._closed:
+            kept = self._idle.setdefault(key, [])
+            if len(kept) < self._max_idle:
+                state.start_next_cycle()
+                conn.expire_at = time.monotonic() + self._keepalive_expiry
+                kept.append(conn)
+                return
+        await conn.stream.aclose()
+
+
+class _KeptBody:
+    """A DirectPool response's body: read once, pumped or iterated, then closed, which gives
+    its connection back to the pool or closes it."""
+
+    def __init__(self, pool: DirectPool, conn: _Kept, key: tuple[bytes, bytes, int | None]) -> None:
+        self._pool, self._conn, self._key = pool, conn, key
+        self._closed = False
+
+    def _rest(self) -> AsyncIterator[bytes]:
+        return _h11_body(self._conn.h11, self._conn.stream)
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._rest()
+
+    def chunked(self) -> AsyncIterator[bytes]:
+        return read_chunked(self._conn.h11, self._conn.stream, None, self._rest)
+
+    async def pump(self, consume: Consume) -> None:
+        await pump_chunked(self._conn.h11, self._conn.stream, consume, self._rest)
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self._pool._release(self._conn, self._key)
+
+
+def _h11_event(state: h11.Connection) -> h11.Event | type[h11.PAUSED] | type[h11.NEED_DATA]:
+    try:
+        return state.next_event()
+    except h11.RemoteProtocolError as exc:
+        raise httpcore2.RemoteProtocolError(str(exc)) from exc
+
+
+async def _h11_body(state: h11.Connection, stream: AsyncioStream) -> AsyncGenerator[bytes]:
+    """A body as h11 reads it, an event per chunk: httpcore2 2.16's _receive_response_body."""
+    while True:
+        event = _h11_event(state)
+        if event is h11.NEED_DATA:
+            data = await stream.read(READ_SIZE)
+            if not data and state.their_state is h11.SEND_RESPONSE:
+                raise httpcore2.RemoteProtocolError(
+                    "Server disconnected without sending a response."
+                )
+            state.receive_data(data)
+        elif isinstance(event, h11.Data):
+            yield bytes(event.data)
+        elif isinstance(event, (h11.EndOfMessage, h11.PAUSED)):
+            break
+
+
 def body_chunks(response: httpx2.Response) -> AsyncIterator[bytes]:
     """The body as httpcore2 yields it. httpx2's aiter_raw puts generator layers on every chunk
     (~7% of the engine's CPU at 200 streams with httpx 0.28, py-spy) and nothing the engine
@@ -677,7 +971,10 @@ def make_client(
         http2=http2,
         network_backend=TimedBackend(),
     )
-    return ProbeClient(ProbeTransport(pool))
+    direct = None
+    if not http2:
+        direct = DirectPool(ssl_context(verify), keepalive_expiry=300.0, max_idle=max_connections)
+    return ProbeClient(ProbeTransport(pool, direct))
 
 
 class ProbeClient(httpx2.AsyncClient):

@@ -4,19 +4,45 @@ same read, and the same framing errors at the same read."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import h11
 import httpcore2
+import httpx2
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from probes.request import build_request, send
 from probes.transport import ChunkedBody, body_chunks, body_pump, make_client
 from tests.probes.loopback import LoopbackServer, Reply
 
 LIMIT = 64  # the longest incomplete line, small so that the limit is reached
+# A POST's two ways on an HTTP/1.1 client: httpx2's (its client, httpcore2's pool and _HTTP11)
+# and the probe's (probes.request: the client's DirectPool).
+PATHS = ["httpcore2", "direct"]
+
+
+async def _trace(name: str, info: dict[str, Any]) -> None:
+    pass
+
+
+@contextlib.asynccontextmanager
+async def _post(client: httpx2.AsyncClient, url: str, path: str) -> AsyncIterator[httpx2.Response]:
+    """A POST of b"{}" on `client` the `path` way, its response closed on the way out."""
+    if path == "httpcore2":
+        async with client.stream("POST", url, content=b"{}") as response:
+            yield response
+        return
+    outgoing = build_request(client, url, {}, b"{}", _trace)
+    assert outgoing.direct is not None
+    response = await send(client, outgoing)
+    try:
+        yield response
+    finally:
+        await response.aclose()
 
 
 def _h11_in_body() -> h11.Connection:
@@ -127,7 +153,8 @@ def test_a_long_chunk_size_line_is_refused_as_h11_refuses_it() -> None:
     _compare([b"f" * 21 + b"\r\n"])
 
 
-def test_a_chunked_stream_leaves_its_connection_reusable() -> None:
+@pytest.mark.parametrize("path", PATHS)
+def test_a_chunked_stream_leaves_its_connection_reusable(path: str) -> None:
     """The last chunk goes back to h11, which ends the message: the next request goes out on
     the same connection, and its body comes out whole too."""
     events = [b"data: one\n\n", b"data: two\n\n"]
@@ -138,7 +165,7 @@ def test_a_chunked_stream_leaves_its_connection_reusable() -> None:
         bodies, streams = [], []
         try:
             for _ in range(2):
-                async with client.stream("POST", url, content=b"{}") as response:
+                async with _post(client, url, path) as response:
                     bodies.append(b"".join([part async for part in body_chunks(response)]))
                     streams.append(response.extensions["network_stream"])
         finally:
@@ -183,8 +210,9 @@ END = b"0\r\n\r\n"
     ],
 )
 @pytest.mark.parametrize("pumped", [False, True])
+@pytest.mark.parametrize("path", PATHS)
 def test_a_body_split_anywhere_comes_out_whole_and_the_connection_is_reused(
-    writes: list[bytes], pumped: bool
+    writes: list[bytes], pumped: bool, path: str
 ) -> None:
     """However the reads fall against the headers and the chunks (h11 reading what came with
     the headers, ChunkedBody from the first whole chunk on), the body is the same, and the
@@ -214,7 +242,7 @@ def test_a_body_split_anywhere_comes_out_whole_and_the_connection_is_reused(
         try:
             for _ in range(2):
                 url = f"http://127.0.0.1:{port}/"
-                async with client.stream("POST", url, content=b"{}") as response:
+                async with _post(client, url, path) as response:
                     stream = response.extensions["network_stream"]
                     pump = body_pump(response)
                     assert pump is not None
@@ -236,7 +264,10 @@ def test_a_body_split_anywhere_comes_out_whole_and_the_connection_is_reused(
     assert streams[0] is streams[1]
 
 
-def test_body_bytes_that_come_with_the_headers_wait_in_the_stream_for_chunked_body() -> None:
+@pytest.mark.parametrize("path", PATHS)
+def test_body_bytes_that_come_with_the_headers_wait_in_the_stream_for_chunked_body(
+    path: str,
+) -> None:
     """A read while the headers are awaited ends with the head: the chunks that came in the
     same read stay queued on the stream, with that read's arrival, for ChunkedBody (not h11,
     an event per chunk). Every event keeps its stamp, and the body comes out whole."""
@@ -263,7 +294,7 @@ def test_body_bytes_that_come_with_the_headers_wait_in_the_stream_for_chunked_bo
         client = make_client(False, True, cleartext=True)
         try:
             url = f"http://127.0.0.1:{port}/"
-            async with client.stream("POST", url, content=b"{}") as response:
+            async with _post(client, url, path) as response:
                 stream = response.extensions["network_stream"]
                 headers_at = stream.arrived_at()
                 queued = list(stream._conn.chunks)
@@ -326,8 +357,9 @@ def test_a_read_of_one_whole_chunk_comes_out_as_with_h11(
     ],
 )
 @pytest.mark.parametrize("pumped", [False, True])
+@pytest.mark.parametrize("path", PATHS)
 def test_a_failing_body_fails_alike_read_or_pumped(
-    writes: list[bytes], failure: str, body: bytes, pumped: bool
+    writes: list[bytes], failure: str, body: bytes, pumped: bool, path: str
 ) -> None:
     """A framing error, the end of the stream inside the body, or an exception of the consumer:
     the same exception after the same data, read by body_chunks or pumped from the callback,
@@ -359,7 +391,7 @@ def test_a_failing_body_fails_alike_read_or_pumped(
         error = ""
         try:
             url = f"http://127.0.0.1:{port}/"
-            async with client.stream("POST", url, content=b"{}") as response:
+            async with _post(client, url, path) as response:
                 stream = response.extensions["network_stream"]
                 try:
                     if pumped:

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import socket
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
 
-from probes import ProbeSpec
+from probes import ProbeSpec, probe
 from probes.request import build_request
-from probes.transport import make_client
+from probes.transport import make_client, warm_clients
 from tests.probes.loopback import LoopbackServer, Received, Reply, sse
 from tests.probes.support import run_all
 
@@ -90,8 +95,9 @@ def test_the_head_is_httpx2s_with_the_clients_cookies_and_a_query() -> None:
     async def trace(name: str, info: dict[str, object]) -> None:
         pass
 
-    async def go() -> None:
-        client = make_client(False, True)
+    async def go(http2: bool) -> None:
+        # HTTP/1.1 only: the client's own HTTP/1.1 path (DirectRequest); HTTP/2: httpcore2's.
+        client = make_client(http2, True)
         url = "https://api.example.com:8443/v1beta/models/m:streamGenerateContent?alt=sse"
         for cookies in ({}, {"__cf_bm": "abc"}, {"__cf_bm": "abc", "other": "x y"}):
             for name, value in cookies.items():
@@ -100,14 +106,17 @@ def test_the_head_is_httpx2s_with_the_clients_cookies_and_a_query() -> None:
             for body in (b"{}", b'{"a":"' + b"x" * 5000 + b'"}'):
                 ours = build_request(client, url, HEADERS, body, trace)
                 theirs = client.build_request("POST", url, headers=HEADERS, content=body)
-                assert ours.core is not None
-                assert ours.core.headers == theirs.headers.raw
-                assert ours.core.url.target == theirs.url.raw_path
-                assert ours.core.url.host == theirs.url.raw_host
-                assert ours.core.url.port == theirs.url.port
+                sent = ours.core if http2 else ours.direct
+                assert sent is not None
+                assert (ours.core is None) != (ours.direct is None)
+                assert sent.headers == theirs.headers.raw
+                assert sent.url.target == theirs.url.raw_path
+                assert sent.url.host == theirs.url.raw_host
+                assert sent.url.port == theirs.url.port
         await client.aclose()
 
-    asyncio.run(go())
+    asyncio.run(go(False))
+    asyncio.run(go(True))
 
 
 def test_a_user_and_password_in_the_url_are_sent_as_httpx2s_basic_auth() -> None:
@@ -129,3 +138,59 @@ def test_a_redirect_is_answered_not_followed() -> None:
     assert [r.target for r in server.received] == ["/v1/chat/completions"] * 2
     # The redirect's cookie is kept, as httpx2's client keeps it.
     assert server.received[1].headers.get("cookie") == "seen=1"
+
+
+@contextmanager
+def _socket_sends(port: int) -> Iterator[list[str]]:
+    """This thread's socket send() calls to `port` while inside (the loopback server runs on a
+    thread of its own, unseen): watched with sys.setprofile, nothing replaced."""
+    calls: list[str] = []
+
+    def watch(frame: FrameType, event: str, arg: object) -> None:
+        if event != "c_call" or getattr(arg, "__name__", "") not in ("send", "sendall"):
+            return
+        sock = getattr(arg, "__self__", None)
+        if isinstance(sock, socket.socket) and sock.fileno() >= 0:
+            try:
+                if sock.getpeername()[1] == port:
+                    calls.append(arg.__name__)  # type: ignore[attr-defined]
+            except OSError:
+                pass
+
+    sys.setprofile(watch)
+    try:
+        yield calls
+    finally:
+        sys.setprofile(None)
+
+
+def test_a_requests_head_and_body_go_out_in_one_write() -> None:
+    # httpcore2 writes the head and the body apart: two sends and two packets a probe. On a
+    # kept-alive connection too, and with no body at all (the head alone, once).
+    async def go(url: str) -> list[int]:
+        counts = []
+        try:
+            for _ in range(2):
+                with _socket_sends(server.port) as sends:
+                    result = await probe(_spec(url))
+                assert result.outcome == "ok", result.error_detail
+                counts.append(len(sends))
+            client = make_client(False, True)
+            for method, body in (("GET", None), ("POST", b"")):
+                with _socket_sends(server.port) as sends:
+                    response = await client.request(method, url + "/v1/models", content=body)
+                assert response.status_code == 200
+                counts.append(len(sends))
+            await client.aclose()
+        finally:
+            await warm_clients.aclose()
+        return counts
+
+    with _answer(Reply(200, EVENTS, STREAM)) as server:
+        counts = asyncio.run(go(server.url))
+        received = server.received
+    assert counts == [1, 1, 1, 1]
+    assert [r.method for r in received] == ["POST", "POST", "GET", "POST"]
+    assert received[0].json()["model"] == "m"
+    assert received[1].body == received[0].body
+    assert received[2].body == received[3].body == b""
