@@ -19,7 +19,8 @@ from typing import Any
 import httpcore2
 import httpx2
 
-from probes.transport import DirectRequest, ProbeClient
+from probes.http1 import DirectRequest
+from probes.transport import ProbeClient
 
 __all__ = ["Outgoing", "build_request", "send"]
 

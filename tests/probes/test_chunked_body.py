@@ -15,8 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from probes.http1 import ChunkedBody
 from probes.request import build_request, send
-from probes.transport import ChunkedBody, body_chunks, body_pump, make_client
+from probes.transport import body_chunks, body_pump, make_client
 from tests.probes.loopback import LoopbackServer, Reply
 
 LIMIT = 64  # the longest incomplete line, small so that the limit is reached

@@ -14,8 +14,9 @@ import httpcore2
 import httpx2
 import pytest
 
+from probes.http1 import DirectPool, DirectRequest
 from probes.netstream import AsyncioStream
-from probes.transport import DirectPool, DirectRequest, body_chunks, ssl_context
+from probes.transport import TimedBackend, body_chunks, ssl_context
 
 Answer = Callable[[int], bytes]  # the request's number on its connection -> the raw response
 
@@ -82,7 +83,7 @@ OK = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
 def test_a_connection_is_kept_while_fresh_and_dropped_once_past_its_expiry() -> None:
     async def go() -> tuple[list[bytes], list[AsyncioStream], int]:
         server, port, connections = await _server(lambda n: OK, lambda r: False)
-        pool = DirectPool(ssl_context(True), keepalive_expiry=0.3, max_idle=4)
+        pool = DirectPool(TimedBackend(), ssl_context(True), keepalive_expiry=0.3, max_idle=4)
         bodies, streams = [], []
         for pause in (0.0, 0.0, 0.5):
             await asyncio.sleep(pause)
@@ -104,7 +105,7 @@ def test_a_connection_is_kept_while_fresh_and_dropped_once_past_its_expiry() -> 
 def test_a_connection_the_server_closed_while_idle_is_dropped_for_a_new_one() -> None:
     async def go() -> tuple[list[bytes], list[AsyncioStream]]:
         server, port, _ = await _server(lambda n: OK, lambda r: True)  # closes after each
-        pool = DirectPool(ssl_context(True), keepalive_expiry=300, max_idle=4)
+        pool = DirectPool(TimedBackend(), ssl_context(True), keepalive_expiry=300, max_idle=4)
         bodies, streams = [], []
         for _ in range(2):
             body, stream = await _exchange(pool, port)
@@ -136,7 +137,7 @@ def test_an_exchange_that_did_not_end_cleanly_both_ways_closes_its_connection(
     async def go() -> tuple[bytes, AsyncioStream, AsyncioStream]:
         close = answer.startswith(b"HTTP/1.0") or b"content-length" not in answer
         server, port, _ = await _server(lambda n: answer, lambda r: close)
-        pool = DirectPool(ssl_context(True), keepalive_expiry=300, max_idle=4)
+        pool = DirectPool(TimedBackend(), ssl_context(True), keepalive_expiry=300, max_idle=4)
         body, first = await _exchange(pool, port, read)
         _, second = await _exchange(pool, port)
         await pool.aclose()
@@ -154,7 +155,7 @@ def test_the_pool_keeps_no_more_idle_connections_than_its_bound_and_closes_them_
 ):
     async def go() -> tuple[list[AsyncioStream], list[bool]]:
         server, port, _ = await _server(lambda n: OK, lambda r: False)
-        pool = DirectPool(ssl_context(True), keepalive_expiry=300, max_idle=2)
+        pool = DirectPool(TimedBackend(), ssl_context(True), keepalive_expiry=300, max_idle=2)
         responses = [await pool.send(_request(port)) for _ in range(3)]  # three at once
         streams = [r.extensions["network_stream"] for r in responses]
         for response in responses:
@@ -172,7 +173,7 @@ def test_the_pool_keeps_no_more_idle_connections_than_its_bound_and_closes_them_
 
 def test_failures_come_out_as_httpx2s_exceptions() -> None:
     async def go() -> list[type[httpx2.HTTPError]]:
-        pool = DirectPool(ssl_context(True), keepalive_expiry=300, max_idle=4)
+        pool = DirectPool(TimedBackend(), ssl_context(True), keepalive_expiry=300, max_idle=4)
         server, port, _ = await _server(lambda n: b"", lambda r: True)  # no response at all
         errors = []
         for request in (_request(port, b"ftp"), _request(port)):
