@@ -11,6 +11,7 @@ same reads, and its exceptions (as_httpx2 maps them to httpx2's, as an httpx2 tr
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import re
 import ssl
@@ -344,8 +345,8 @@ class DirectPool:
 
     httpcore2's pool walks its connections at every request's start and end, under a lock and
     a cancellation shield, and its HTTP/1.1 connection puts a lock, a trace object per step and
-    two stream wrappers around each exchange: together ~15% of the engine's CPU at 200 streams
-    (bench/RESULTS.md, "A probe's request without httpcore2's pool"). An HTTP/1.1 exchange
+    two stream wrappers around each exchange: together about a fifth of the engine's CPU at 200
+    streams (bench/RESULTS.md, "A probe's request without httpcore2's pool"). An HTTP/1.1 exchange
     needs none of it: one request at a time per connection, the connection kept for the next
     request to its origin if h11 ends the exchange cleanly both ways, closed otherwise. What
     goes out is what httpcore2 sends (h11's bytes for the same head and body, in one write),
@@ -353,7 +354,7 @@ class DirectPool:
     httpcore2 exceptions come out, as httpx2's. A kept connection is dropped when it has been
     idle past the keep-alive expiry or its socket reads as readable (the server closed it, or
     sent what nobody asked for), as httpcore2's pool drops it; the most recently used goes
-    first. tests/probes/test_chunked_body.py holds both paths to the same bodies and keep-alive,
+    first, and those left idle past their expiry are closed when an exchange ends. tests/probes/test_chunked_body.py holds both paths to the same bodies and keep-alive,
     tests/probes/test_request_path.py to the same request."""
 
     def __init__(
@@ -367,7 +368,8 @@ class DirectPool:
         self._ssl_context = ssl_context
         self._keepalive_expiry = keepalive_expiry
         self._max_idle = max_idle
-        self._idle: dict[tuple[bytes, bytes, int | None], list[_Kept]] = {}
+        # Per origin, oldest idle first: taken from the right, expired ones swept from the left.
+        self._idle: dict[tuple[bytes, bytes, int | None], collections.deque[_Kept]] = {}
         self._closed = False
 
     async def send(self, request: DirectRequest) -> httpx2.Response:
@@ -409,6 +411,13 @@ class DirectPool:
                 return conn
             await conn.stream.aclose()
         return None
+
+    @staticmethod
+    async def _sweep(kept: collections.deque[_Kept], now: float) -> None:
+        """Close the idle connections past their expiry, oldest first: those a burst opened
+        and nobody has taken since (the server may have closed them long ago)."""
+        while kept and kept[0].expire_at <= now:
+            await kept.popleft().stream.aclose()
 
     async def _connect(
         self, url: httpcore2.URL, trace: Callable[[str, dict[str, Any]], Awaitable[None]]
@@ -498,10 +507,12 @@ class DirectPool:
     async def _release(self, conn: _Kept, key: tuple[bytes, bytes, int | None]) -> None:
         state = conn.h11
         if state.our_state is h11.DONE and state.their_state is h11.DONE and not self._closed:
-            kept = self._idle.setdefault(key, [])
+            kept = self._idle.setdefault(key, collections.deque())
+            now = time.monotonic()
+            await self._sweep(kept, now)
             if len(kept) < self._max_idle:
                 state.start_next_cycle()
-                conn.expire_at = time.monotonic() + self._keepalive_expiry
+                conn.expire_at = now + self._keepalive_expiry
                 kept.append(conn)
                 return
         await conn.stream.aclose()

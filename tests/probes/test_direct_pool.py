@@ -191,3 +191,30 @@ def test_failures_come_out_as_httpx2s_exceptions() -> None:
         return errors
 
     assert _run(go) == [httpx2.UnsupportedProtocol, httpx2.RemoteProtocolError, httpx2.ConnectError]
+
+
+def test_a_connection_left_idle_past_its_expiry_is_closed_when_another_exchange_ends() -> None:
+    # Two at once leave two idle; only the newer is taken again, and when its exchange ends
+    # the older, now past its expiry, is closed: a burst's connections do not linger.
+    async def go() -> tuple[AsyncioStream, AsyncioStream, list[AsyncioStream], bool]:
+        server, port, _ = await _server(lambda n: OK, lambda r: False)
+        pool = DirectPool(TimedBackend(), ssl_context(True), keepalive_expiry=1.0, max_idle=4)
+        first, second = [await pool.send(_request(port)) for _ in range(2)]
+        older, newer = (r.extensions["network_stream"] for r in (first, second))
+        for response in (first, second):  # released in this order: `second` is taken first
+            b"".join([part async for part in body_chunks(response)])
+            await response.aclose()
+        again = []
+        for _ in range(2):
+            await asyncio.sleep(0.6)
+            _, stream = await _exchange(pool, port)
+            again.append(stream)
+        older_closed = older._conn.closed
+        await pool.aclose()
+        server.close()
+        return older, newer, again, older_closed
+
+    older, newer, again, older_closed = _run(go)
+    assert older is not newer
+    assert again == [newer, newer]
+    assert older_closed
