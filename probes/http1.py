@@ -18,7 +18,7 @@ import ssl
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import h11
 import httpcore2
@@ -466,15 +466,8 @@ class DirectPool:
         stream.headers_only = True
         try:
             while True:
-                event = _h11_event(state)
-                if event is h11.NEED_DATA:
-                    data = await stream.read(READ_SIZE)
-                    if not data and state.their_state is h11.SEND_RESPONSE:
-                        raise httpcore2.RemoteProtocolError(
-                            "Server disconnected without sending a response."
-                        )
-                    state.receive_data(data)
-                elif isinstance(event, h11.Response) or (
+                event = await _h11_next(state, stream)
+                if isinstance(event, h11.Response) or (
                     isinstance(event, h11.InformationalResponse) and event.status_code == 101
                 ):
                     break
@@ -544,25 +537,27 @@ class _KeptBody:
             await self._pool._release(self._conn, self._key)
 
 
-def _h11_event(state: h11.Connection) -> h11.Event | type[h11.PAUSED] | type[h11.NEED_DATA]:
-    try:
-        return state.next_event()
-    except h11.RemoteProtocolError as exc:
-        raise httpcore2.RemoteProtocolError(str(exc)) from exc
+async def _h11_next(state: h11.Connection, stream: AsyncioStream) -> h11.Event | type[h11.PAUSED]:
+    """h11's next event, reading when it needs data: httpcore2 2.16's _receive_event (its
+    words when the server closes before answering)."""
+    while True:
+        try:
+            event = state.next_event()
+        except h11.RemoteProtocolError as exc:
+            raise httpcore2.RemoteProtocolError(str(exc)) from exc
+        if event is not h11.NEED_DATA:
+            return cast("h11.Event | type[h11.PAUSED]", event)  # h11's types do not narrow
+        data = await stream.read(READ_SIZE)
+        if not data and state.their_state is h11.SEND_RESPONSE:
+            raise httpcore2.RemoteProtocolError("Server disconnected without sending a response.")
+        state.receive_data(data)
 
 
 async def _h11_body(state: h11.Connection, stream: AsyncioStream) -> AsyncGenerator[bytes]:
     """A body as h11 reads it, an event per chunk: httpcore2 2.16's _receive_response_body."""
     while True:
-        event = _h11_event(state)
-        if event is h11.NEED_DATA:
-            data = await stream.read(READ_SIZE)
-            if not data and state.their_state is h11.SEND_RESPONSE:
-                raise httpcore2.RemoteProtocolError(
-                    "Server disconnected without sending a response."
-                )
-            state.receive_data(data)
-        elif isinstance(event, h11.Data):
+        event = await _h11_next(state, stream)
+        if isinstance(event, h11.Data):
             yield bytes(event.data)
         elif isinstance(event, (h11.EndOfMessage, h11.PAUSED)):
             break

@@ -173,3 +173,18 @@ def sse(*objects: Any, done: bool = True) -> list[bytes]:
         for o in objects
     ]
     return [*events, b"data: [DONE]\n\n"] if done else events
+
+
+async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """One request's head and its body (a Content-Length one, or none), for a server written
+    with asyncio streams directly."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        (
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        ),
+        0,
+    )
+    return head, await reader.readexactly(length)

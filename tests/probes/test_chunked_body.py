@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from probes.http1 import ChunkedBody
 from probes.request import build_request, send
 from probes.transport import body_chunks, body_pump, make_client
-from tests.probes.loopback import LoopbackServer, Reply
+from tests.probes.loopback import LoopbackServer, Reply, read_request
 
 LIMIT = 64  # the longest incomplete line, small so that the limit is reached
 # A POST's two ways on an HTTP/1.1 client: httpx2's (its client, httpcore2's pool and _HTTP11)
@@ -222,13 +222,7 @@ def test_a_body_split_anywhere_comes_out_whole_and_the_connection_is_reused(
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         for _ in range(2):
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = next(
-                int(line.split(b":")[1])
-                for line in head.split(b"\r\n")
-                if line.lower().startswith(b"content-length:")
-            )
-            await reader.readexactly(length)
+            await read_request(reader)
             for data in writes:
                 writer.write(data)
                 await writer.drain()
@@ -275,13 +269,7 @@ def test_body_bytes_that_come_with_the_headers_wait_in_the_stream_for_chunked_bo
     released = asyncio.Event()
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = next(
-            int(line.split(b":")[1])
-            for line in head.split(b"\r\n")
-            if line.lower().startswith(b"content-length:")
-        )
-        await reader.readexactly(length)
+        await read_request(reader)
         writer.write(HEAD + ONE + TWO)  # one write: one read on loopback
         await writer.drain()
         await released.wait()

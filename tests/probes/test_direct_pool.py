@@ -17,6 +17,7 @@ import pytest
 from probes.http1 import DirectPool, DirectRequest
 from probes.netstream import AsyncioStream
 from probes.transport import TimedBackend, body_chunks, ssl_context
+from tests.probes.loopback import read_request
 
 Answer = Callable[[int], bytes]  # the request's number on its connection -> the raw response
 
@@ -36,16 +37,7 @@ async def _server(
         connections.append(1)
         try:
             for n in range(100):
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next(
-                    (
-                        int(line.split(b":")[1])
-                        for line in head.split(b"\r\n")
-                        if line.lower().startswith(b"content-length:")
-                    ),
-                    0,
-                )
-                await reader.readexactly(length)
+                await read_request(reader)
                 response = answer(n)
                 writer.write(response)
                 await writer.drain()
