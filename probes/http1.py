@@ -497,7 +497,8 @@ class DirectPool:
             extensions=extensions,
         )
 
-    async def _release(self, conn: _Kept, key: tuple[bytes, bytes, int | None]) -> None:
+    async def release(self, conn: _Kept, key: tuple[bytes, bytes, int | None]) -> None:
+        """A response's connection back (its body closed): kept if its exchange ended cleanly."""
         state = conn.h11
         if state.our_state is h11.DONE and state.their_state is h11.DONE and not self._closed:
             kept = self._idle.setdefault(key, collections.deque())
@@ -534,7 +535,7 @@ class _KeptBody:
     async def aclose(self) -> None:
         if not self._closed:
             self._closed = True
-            await self._pool._release(self._conn, self._key)
+            await self._pool.release(self._conn, self._key)
 
 
 async def _h11_next(state: h11.Connection, stream: AsyncioStream) -> h11.Event | type[h11.PAUSED]:

@@ -3,7 +3,8 @@
 httpx2's AsyncClient puts build_request, send, auth, redirect and cookie layers and a response
 stream wrapper on every request (a few hundred Python calls a probe). A probe needs none of
 their work but the cookies, so build_request and send give the pool of a ProbeClient
-(probes/transport.py) the request httpx2's client would have sent, its head built once per URL
+(probes/transport.py: its own HTTP/1.1 pool, probes/http1.py, on a client that speaks HTTP/1.1
+only, else httpcore2's) the request httpx2's client would have sent, its head built once per URL
 and header set by httpx2's own header merge and Request, and keep cookies with httpx2's own
 helpers. Any other client, or a URL with a user and password (httpx2's basic auth), goes
 httpx2's whole way. tests/probes/test_request_path.py holds both to httpx2's client.
@@ -74,9 +75,10 @@ def _head(
 
 @dataclass
 class Outgoing:
-    """A request ready to go (build_request), sent by send(): for a ProbeClient, httpcore2's
-    request to its transport; for any other client, or a URL with a user and password (httpx2's
-    basic auth), httpx2's request to its client."""
+    """A request ready to go (build_request), sent by send(): for a ProbeClient, a request to
+    its own HTTP/1.1 pool (`direct`) or httpcore2's request to its transport (`core`); for any
+    other client, or a URL with a user and password (httpx2's basic auth), httpx2's request to
+    its client."""
 
     url: httpx2.URL
     headers: list[tuple[bytes, bytes]]
