@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from probes import ProbeSpec, grade
 from probes.scenario import FAN_OUT, Scenario, ScenarioMeasurement, Step, run_scenario
 from probes.transport import warm_clients
@@ -127,15 +129,18 @@ def test_a_fan_out_of_five_waits_for_its_slowest_branch(sim: SimulatorProcess) -
     branches = [c for c in out.calls if c.step == 0]
     merge = next(c for c in out.calls if c.step == 1)
     assert len(branches) == 5
-    # In parallel: all five started together.
     starts = [b.offset_ms for b in branches]
-    assert max(starts) - min(starts) < 30.0
     ends = {b.branch: b.offset_ms + (b.result.e2e_ms or 0.0) for b in branches}
+    # In parallel: every branch started before the quickest one had finished.
+    assert max(starts) < min(ends.values())
     assert max(ends, key=lambda k: ends[k]) == 4  # branch 5 finished last...
     assert ends[4] - ends[0] > 300.0  # ...clearly last
-    # The merge waited for it, and no longer than the gap between steps.
+    # The merge waited for it, and the time between is the step's recorded gap: what an
+    # application would spend there, not a wait of the engine's own.
     assert merge.offset_ms >= ends[4]
-    assert merge.offset_ms - ends[4] < 30.0
+    assert out.gaps_ms[1] == pytest.approx(merge.offset_ms - ends[4], abs=0.01)
+    # Nowhere near a deadline (30 s): it went on from the last answer, not from a timer.
+    assert merge.offset_ms - ends[4] < 1000.0
     # The merge call got every branch's answer.
     assert out.app_e2e_ms is not None
     assert out.app_e2e_ms >= ends[4]
