@@ -288,7 +288,9 @@ def test_a_region_is_cleared_from_the_schedules_minutes_and_the_raw_rows_judge_t
             return "\n".join(row[0] for row in cursor.fetchall())
 
     def raw_scans(text: str) -> list[str]:
-        return [line for line in text.splitlines() if "monitor_proberesult" in line]
+        # The plan's scan nodes on the raw rows (not, say, a sort key naming their column).
+        lines = text.splitlines()
+        return [line for line in lines if " Scan " in line and "monitor_proberesult" in line]
 
     # `busy` is cleared by its minutes: no raw row is read; `early` is not: they are.
     assert monitoring.path_failures(now, [busy.pk]) == {}
