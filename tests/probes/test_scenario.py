@@ -200,9 +200,11 @@ def test_a_stalled_step_ends_within_the_scenario_deadline(sim: SimulatorProcess)
     assert not out.ok
     assert out.failed_step == 1
     assert out.error_kind == "timeout_headers"
-    assert elapsed_s < 1.5 + 0.5
+    # Stopped by the scenario's 1.5 s deadline, not by the call's own first-token timeout
+    # (60 s): the upper bounds leave a loaded machine's stalls room, far short of that.
+    assert elapsed_s < 1.5 + 1.5
     assert out.app_e2e_ms is not None
-    assert 1400 < out.app_e2e_ms < 1600
+    assert 1400 < out.app_e2e_ms < 2500
 
 
 def test_a_step_deadline_shorter_than_the_scenarios_ends_the_call_first(
@@ -214,7 +216,8 @@ def test_a_step_deadline_shorter_than_the_scenarios_ends_the_call_first(
     assert out.failed_step == 0
     assert out.error_kind == "timeout_headers"
     assert out.app_e2e_ms is not None
-    assert 450 < out.app_e2e_ms < 800
+    # The step's 0.5 s, not the scenario's 10 s (room left for a loaded machine's stalls).
+    assert 450 < out.app_e2e_ms < 3000
 
 
 def test_an_unusable_template_is_ours_and_sends_nothing(sim: SimulatorProcess) -> None:
