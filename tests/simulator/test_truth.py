@@ -42,9 +42,10 @@ def test_ground_truth_is_on_the_clients_clock(sim: SimulatorProcess) -> None:
     assert truth["reasoning_tokens"] == 20
     assert truth["token_times"][0] == truth["first_token_at"]
     assert truth["token_times"][20] == truth["first_answer_token_at"]
-    # Each token was sent before it arrived, and arrived soon after (loopback).
+    # Each token was sent before it arrived, and arrived soon after on the same clock (loopback;
+    # the bound leaves room for a loaded machine stalling this reading process).
     for sent, seen in zip(truth["token_times"], arrivals, strict=True):
-        assert 0 < seen - sent < 0.05
+        assert 0 < seen - sent < 0.25
     # The planned timing is what was sent: TTFT = queue + prefill, then 200 tokens/s.
     assert truth["first_token_at"] - truth["received_at"] == pytest.approx(
         truth["planned_ttft_ms"] / 1000, abs=0.004
